@@ -1,0 +1,9 @@
+"""accel-guard: a correct training engine plus runtime checks for the accel-lint catalogue.
+
+`import guard` installs the checks process-wide (unless ACCEL_GUARD=off); `guard.uninstall()`
+removes them. `guard.Engine` is the training engine with Accelerate's method names.
+"""
+
+from guard._report import GuardError, GuardWarning, configure, findings, reset
+
+__all__ = ["GuardError", "GuardWarning", "configure", "findings", "reset"]

@@ -1,0 +1,46 @@
+"""Value types passed between the analysis, the fixer and the reporters.
+
+Positions are 1-based lines and 0-based columns counted in characters (libcst's convention);
+reporters convert to ruff's 1-based columns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Applicability = Literal["safe", "unsafe"]
+
+
+@dataclass(frozen=True, order=True)
+class Position:
+    line: int
+    column: int
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Replace the text between `start` and `end` with `content` (an insertion when equal)."""
+
+    start: Position
+    end: Position
+    content: str
+
+
+@dataclass(frozen=True)
+class Fix:
+    applicability: Applicability
+    message: str
+    edits: tuple[Edit, ...]
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    code: str
+    message: str
+    path: str
+    start: Position
+    end: Position
+    fix: Fix | None = None
+    # Extra facts a reporter may show (e.g. the accumulation value and where it came from).
+    notes: tuple[str, ...] = field(default=())

@@ -1,0 +1,31 @@
+"""The rule record shared by the linter, the guard and the docs.
+
+This module must stay importable without libcst or torch: the guard reads the same table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Severity = Literal["error", "warning", "info"]
+FixSafety = Literal["safe", "unsafe", "none", "safe-when-trailing"]
+RuntimeCoverage = Literal["full", "partial", "heuristic", "warning", "none"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One catalogue entry: identity, classification and the `--explain` text."""
+
+    code: str  # "ACL101"
+    name: str  # "raw-backward"
+    summary: str  # one line, shown by --list-rules and in messages
+    severity: Severity
+    fix: FixSafety
+    runtime: RuntimeCoverage  # how the guard covers it
+    static: bool  # whether the linter has a static check for it
+    docs: str  # markdown: What it does / Why is this bad? / Example / Use instead / Fix safety
+
+    @property
+    def url(self) -> str:
+        return f"https://github.com/accel-lint/accel-lint/blob/main/docs/rules.md#{self.code.lower()}"

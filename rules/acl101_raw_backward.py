@@ -1,0 +1,49 @@
+"""ACL101 raw-backward: a plain `loss.backward()` where an engine or scaler owns the backward."""
+
+from rules._base import Rule
+
+RULE = Rule(
+    code="ACL101",
+    name="raw-backward",
+    summary="`loss.backward()` bypasses the engine's 1/N division and fp16 loss scaling",
+    severity="error",
+    fix="safe",
+    runtime="full",
+    static=True,
+    docs="""\
+## What it does
+Flags `loss.backward()` (and `torch.autograd.backward(loss)`) in a training loop whose backward
+belongs to an Accelerator / guard engine, or to an enabled `GradScaler` that the same loop steps.
+
+## Why is this bad?
+`accelerator.backward(loss)` divides the loss by the accumulation steps N and, in fp16, scales it.
+A raw `loss.backward()` skips both: accumulated gradients are N times too large, and under fp16 the
+first `scaler.step` fails on `_scale is None`, or (when only some backward calls are scaled) the
+unscaled contributions are divided by the loss scale and effectively vanish.
+
+## Example
+```python
+accelerator = Accelerator(mixed_precision="fp16", gradient_accumulation_steps=4)
+for batch in dl:
+    with accelerator.accumulate(model):
+        loss = model(**batch).loss
+        loss.backward()
+        opt.step(); opt.zero_grad()
+```
+
+## Use instead
+```python
+accelerator = Accelerator(mixed_precision="fp16", gradient_accumulation_steps=4)
+for batch in dl:
+    with accelerator.accumulate(model):
+        loss = model(**batch).loss
+        accelerator.backward(loss)
+        opt.step(); opt.zero_grad()
+```
+
+## Fix safety
+Safe. `loss.backward(**kw)` becomes `accelerator.backward(loss, **kw)` (or `engine.backward`), or
+`scaler.scale(loss).backward(**kw)` in a raw AMP loop. A manual division by N on the argument is
+removed by the same edit, so the result does not trigger ACL302.
+""",
+)
