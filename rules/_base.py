@@ -25,7 +25,3 @@ class Rule:
     runtime: RuntimeCoverage  # how the guard covers it
     static: bool  # whether the linter has a static check for it
     docs: str  # markdown: What it does / Why is this bad? / Example / Use instead / Fix safety
-
-    @property
-    def url(self) -> str:
-        return f"https://github.com/accel-lint/accel-lint/blob/main/docs/rules.md#{self.code.lower()}"

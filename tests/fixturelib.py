@@ -1,0 +1,119 @@
+"""Shared by the linter and guard tests: find fixtures, read their expectations, run them fast.
+
+A bad fixture states what it expects in header comments:
+
+    # expect: ACL101 23            the linter reports ACL101 on line 23
+    # expect-pending: ACL305 30    a static rule not implemented yet (flip to `expect` when it is)
+    # guard-expect: ACL101         run under the guard (warn mode), it reports ACL101
+    # trains-like: good_raw_amp.py after --fix it ends with the same parameters as that script
+
+Scripts run in children of a forkserver that has torch preloaded, so each run costs a fork,
+not a 2-second torch import. A script saves its final parameters when ACCEL_FIXTURE_OUT is set.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import re
+import runpy
+import sys
+import tempfile
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+_HEADER = re.compile(r"^#\s*(expect|expect-pending|guard-expect|trains-like):\s*(.+?)\s*$")
+
+
+@dataclass
+class Expectations:
+    static: list[tuple[str, int]] = field(default_factory=list)
+    pending: list[tuple[str, int]] = field(default_factory=list)
+    guard: list[str] = field(default_factory=list)
+    trains_like: str | None = None
+
+
+def read_expectations(path: Path) -> Expectations:
+    exp = Expectations()
+    for line in path.read_text(encoding="utf-8").splitlines():
+        m = _HEADER.match(line.strip())
+        if not m:
+            continue
+        kind, value = m.groups()
+        if kind == "guard-expect":
+            exp.guard.extend(c.strip() for c in value.split(","))
+        elif kind == "trains-like":
+            exp.trains_like = value
+        else:
+            code, lineno = value.split()
+            (exp.static if kind == "expect" else exp.pending).append((code, int(lineno)))
+    return exp
+
+
+def fixture_scripts(kind: str = "") -> list[Path]:
+    """All runnable fixtures (`bad_*.py` / `good_*.py`, not the `.fixed.py` snapshots)."""
+    paths = sorted(FIXTURES.glob(f"ACL*/{kind}*.py"))
+    return [p for p in paths if ".fixed" not in p.name and p.name.startswith(("bad_", "good_"))]
+
+
+@dataclass
+class RunResult:
+    ok: bool
+    error: str
+    params_path: str | None
+    findings: list[dict]
+
+
+def _child(script: str, with_guard: bool, out: str, report: str, queue) -> None:
+    os.environ["ACCEL_FIXTURE_OUT"] = out
+    os.environ["ACCEL_GUARD_REPORT"] = report
+    os.chdir(os.path.dirname(script))
+    sys.argv = [script]
+    try:
+        if with_guard:
+            os.environ["ACCEL_GUARD"] = "warn"
+            from guard._main import run_script
+
+            run_script(script, [])
+        else:
+            runpy.run_path(script, run_name="__main__")
+        queue.put((True, ""))
+    except BaseException:  # the script's failure is the test's data
+        queue.put((False, traceback.format_exc()))
+    finally:
+        if with_guard:
+            import guard._report as report_mod
+
+            report_mod._at_exit()
+
+
+_ctx = None
+
+
+def _context():
+    global _ctx
+    if _ctx is None:
+        _ctx = mp.get_context("forkserver")
+        _ctx.set_forkserver_preload(["torch"])
+    return _ctx
+
+
+def run_fixture(script: Path, with_guard: bool = False, timeout: float = 120) -> RunResult:
+    """Run a fixture script in a fresh forked process; collect its parameters and guard findings."""
+    import json
+
+    ctx = _context()
+    tmp = tempfile.mkdtemp(prefix="accel-fixture-")
+    out, report = os.path.join(tmp, "params.pt"), os.path.join(tmp, "guard.json")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(str(script), with_guard, out, report, queue))
+    proc.start()
+    proc.join(timeout)
+    if proc.is_alive():
+        proc.kill()
+        return RunResult(False, f"timed out after {timeout}s", None, [])
+    ok, error = queue.get() if not queue.empty() else (False, f"exit code {proc.exitcode}")
+    findings = json.loads(Path(report).read_text()) if os.path.exists(report) else []
+    return RunResult(ok, error, out if os.path.exists(out) else None, findings)
