@@ -76,7 +76,9 @@ _lock = threading.Lock()
 def _settings_from_env() -> _Settings:
     mode = os.environ.get("ACCEL_GUARD", "raise").strip().lower() or "raise"
     if mode not in ("raise", "warn", "off"):
-        warnings.warn(f"ACCEL_GUARD={mode!r} is not raise|warn|off; using raise", GuardWarning)
+        warnings.warn(
+            f"ACCEL_GUARD={mode!r} is not raise|warn|off; using raise", GuardWarning, stacklevel=2
+        )
         mode = "raise"
     return _Settings(mode=mode, report_path=os.environ.get("ACCEL_GUARD_REPORT") or None)
 
