@@ -1,0 +1,57 @@
+"""ACL303 per-microstep-clipping: clipping or unscaling on micro-steps that do not step."""
+
+from rules._base import Rule
+
+RULE = Rule(
+    code="ACL303",
+    name="per-microstep-clipping",
+    summary="gradient clipping or unscaling runs on every micro-step instead of only before the "
+    "optimizer step",
+    severity="error",
+    fix="safe",
+    runtime="full",
+    static=True,
+    docs="""\
+## What it does
+Flags a clip or unscale call (`accelerator.clip_grad_norm_` / `clip_grad_value_`,
+`torch.nn.utils.clip_grad_*`, `scaler.unscale_`, `accelerator.unscale_gradients`) inside
+`with accelerator.accumulate(...)` that is not guarded by `if accelerator.sync_gradients` (or the
+engine's equivalent), or in a manual accumulation loop outside the condition that gates
+`opt.step()`.
+
+## Why is this bad?
+On a micro-step that does not step, `.grad` holds a partial sum. In fp16 every clip needs an
+unscale, and a second `unscale_` before `update()` raises `RuntimeError`, so the run crashes on
+the second micro-step. In bf16/fp32 the partial sums are clipped, and since clipping is not linear
+(clip(a) + b differs from clip(a + b)) the final gradient is silently wrong. Under FSDP/XLA every
+extra clip also costs a norm reduction.
+
+## Example
+```python
+with accelerator.accumulate(model):
+    accelerator.backward(model(**batch).loss)
+    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+    opt.step(); opt.zero_grad()
+```
+
+## Use instead
+```python
+with accelerator.accumulate(model):
+    accelerator.backward(model(**batch).loss)
+    if accelerator.sync_gradients:
+        accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+    opt.step(); opt.zero_grad()
+```
+
+## Fix safety
+Safe. The statement is wrapped in `if accelerator.sync_gradients:` (Accelerate / engine) or in the
+loop's step condition (manual loops, only when that condition has no side effects and can be
+evaluated twice). No fix when the statement binds a name, such as `grad_norm = ...`, that is read
+outside the new block.
+
+## At runtime
+`engine.clip_grad_norm_`, the patched torch clip functions and `scaler.unscale_` check the engine's
+micro-step counter; a call on a non-sync micro-step raises ACL303 before torch's second-unscale
+error can occur.
+""",
+)
