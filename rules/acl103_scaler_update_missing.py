@@ -1,0 +1,52 @@
+"""ACL103 scaler-update-missing: `scaler.step` without `scaler.update()` on every stepping path."""
+
+from rules._base import Rule
+
+RULE = Rule(
+    code="ACL103",
+    name="scaler-update-missing",
+    summary="`scaler.step` with no `scaler.update()`: the next step raises, the scale never adapts",
+    severity="error",
+    fix="safe",
+    runtime="full",
+    static=False,
+    docs="""\
+## What it does
+Flags a loop that calls `scaler.step(...)` on some path without calling `update()` on the same
+scaler on every path that steps.
+
+## Why is this bad?
+`scaler.update()` adapts the loss scale and puts each optimizer back into the `READY` stage.
+Without it the stage stays `STEPPED`, and the next `scaler.step` or `unscale_` raises a
+`RuntimeError`. When the update only runs on some iterations (say, inside a logging branch) the run
+crashes on the first iteration that skips it, and until then the scale never backs off after an
+overflow.
+
+## Example
+```python
+for x, y in dl:
+    scaler.scale(crit(model(x), y)).backward()
+    scaler.step(opt)
+    opt.zero_grad()             # scaler.update() missing
+```
+
+## Use instead
+```python
+for x, y in dl:
+    scaler.scale(crit(model(x), y)).backward()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+```
+
+## Fix safety
+Safe. `scaler.update()` is inserted right after the last `scaler.step(...)` of each path that
+lacks it, which is the only order the scaler accepts. One `update()` after several
+`scaler.step(opt_i)` calls is the multi-optimizer pattern and is not flagged.
+
+## At runtime
+The guard wraps `scaler.step`: an optimizer already in the `STEPPED` stage raises ACL103 naming
+where the previous step happened, instead of torch's generic error. The next forward pre-hook also
+checks that no optimizer was left in `STEPPED`.
+""",
+)

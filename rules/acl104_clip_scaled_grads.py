@@ -1,0 +1,56 @@
+"""ACL104 clip-scaled-grads: clipping gradients that are still multiplied by the loss scale."""
+
+from rules._base import Rule
+
+RULE = Rule(
+    code="ACL104",
+    name="clip-scaled-grads",
+    summary="gradient clipping before `unscale_` compares S-times scaled gradients with max_norm",
+    severity="error",
+    fix="safe",
+    runtime="full",
+    static=False,
+    docs="""\
+## What it does
+Flags `torch.nn.utils.clip_grad_norm_` / `clip_grad_value_` reached after
+`scaler.scale(...).backward()` with no `scaler.unscale_(...)` on the way. In a module with an
+Accelerator or guard engine it flags torch's clip functions when the precision is fp16 or unknown,
+or when an FSDP plugin is configured.
+
+## Why is this bad?
+Between `scale()` and `unscale_()` gradients are S times too large, so clipping compares S times
+the norm with `max_norm`: almost every step is clipped, the optimizer receives a gradient of norm
+about max_norm / S (with SGD, a collapsed learning rate), and the returned norm that gets logged is
+S times too large. Under Accelerate, torch's clip function skips the unscale that
+`accelerator.clip_grad_norm_` performs; under FSDP1 it computes a per-shard norm, so ranks clip by
+different factors.
+
+## Example
+```python
+scaler.scale(loss).backward()
+torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+scaler.step(opt); scaler.update()
+```
+
+## Use instead
+```python
+scaler.scale(loss).backward()
+scaler.unscale_(opt)
+torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+scaler.step(opt); scaler.update()
+```
+
+## Fix safety
+Safe. In raw loops `scaler.unscale_(opt)` is inserted just before the clip, `opt` being the
+optimizer of the next `scaler.step`; `scaler.step` then does not unscale again. With Accelerate or
+the engine, `torch.nn.utils.clip_grad_norm_(params, ...)` becomes
+`accelerator.clip_grad_norm_(params, ...)`, which takes the same arguments and returns the same
+value; `clip_grad_value_` keeps the torch call and gets `accelerator.unscale_gradients()` before
+it. When ACL303 also fires, the unscale goes inside the sync gate that ACL303 adds.
+
+## At runtime
+While training, the guard patches torch's clip functions. If the scaler is enabled and the
+optimizer owning the parameters is still in the `READY` stage (not `UNSCALED`), it raises ACL104.
+For FSDP1 modules the call is reported and redirected to the module's own `clip_grad_norm_`.
+""",
+)

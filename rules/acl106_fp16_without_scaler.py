@@ -1,0 +1,49 @@
+"""ACL106 fp16-without-scaler: fp16 autocast training with no GradScaler."""
+
+from rules._base import Rule
+
+RULE = Rule(
+    code="ACL106",
+    name="fp16-without-scaler",
+    summary="fp16 autocast without a GradScaler: small gradients underflow to zero",
+    severity="error",
+    fix="none",
+    runtime="full",
+    static=False,
+    docs="""\
+## What it does
+Flags `torch.autocast` / `torch.amp.autocast` on device `"cuda"` with `dtype` omitted or float16
+around a forward whose loss is backpropagated in the same function, in a module with no enabled
+`GradScaler` and no fp16 Accelerator or engine doing the backward.
+
+## Why is this bad?
+Gradients flowing back through fp16 activations are computed in fp16, whose smallest subnormal is
+about 6e-8 (smallest normal about 6e-5). Anything smaller becomes zero, so layers quietly stop
+learning while the loop runs without error. `torch.autocast("cuda")` without `dtype` means
+float16, so users who meant bf16 get fp16 with no scaler (on CPU the default is bf16).
+
+## Example
+```python
+with torch.autocast("cuda"):             # float16 by default
+    loss = crit(model(x), y)
+loss.backward()
+opt.step()
+```
+
+## Use instead
+```python
+with torch.autocast("cuda", dtype=torch.bfloat16):   # or fp16 plus a GradScaler
+    loss = crit(model(x), y)
+loss.backward()
+opt.step()
+```
+
+## Fix safety
+No autofix: bf16 and fp16 with a GradScaler are both valid cures, and which one fits depends on
+the hardware.
+
+## At runtime
+A forward pre-hook checks whether CUDA autocast is enabled with dtype float16 while no enabled
+scaler is attached, and reports ACL106 (an error in engine mode, a warning in raw loops).
+""",
+)

@@ -1,0 +1,47 @@
+"""ACL107 fp16-params-with-scaler: trainable parameters stored in fp16 (bf16 with accumulation)."""
+
+from rules._base import Rule
+
+RULE = Rule(
+    code="ACL107",
+    name="fp16-params-with-scaler",
+    summary="trainable fp16 parameters: the scaler rejects their grads, small updates round away",
+    severity="error",
+    fix="none",
+    runtime="full",
+    static=False,
+    docs="""\
+## What it does
+Flags `.half()`, `.to(torch.float16)`, `.to(dtype=torch.float16)` or `torch_dtype=torch.float16` on
+a model whose parameters reach an optimizer, in a module with an enabled GradScaler or fp16 engine
+precision; with K > 1, the bf16 equivalents too.
+
+## Why is this bad?
+fp16 parameters get fp16 gradients, and `GradScaler.unscale_` rejects them
+(`ValueError: Attempting to unscale FP16 gradients.`) at the first clip or step. Without a scaler
+the run goes on, but updates smaller than about 2^-11 of a weight round away, and adding N
+micro-batch gradients into an fp16 or bf16 `.grad` loses low-order bits at every addition (bf16
+keeps only 8 significant bits), so precision loss grows with N.
+
+## Example
+```python
+model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.float16)
+accelerator = Accelerator(mixed_precision="fp16")
+model, opt = accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
+```
+
+## Use instead
+```python
+model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.float32)
+accelerator = Accelerator(mixed_precision="fp16")     # autocast does the fp16 math
+model, opt = accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
+```
+
+## Fix safety
+No autofix: the cure is in how the model is loaded, and fp32 master weights change memory use.
+
+## At runtime
+At `prepare`, a parameter that requires grad and is float16 while the scaler is enabled raises
+ACL107; trainable fp16/bf16 parameters with N > 1 give a warning.
+""",
+)

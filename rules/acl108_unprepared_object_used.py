@@ -1,0 +1,56 @@
+"""ACL108 unprepared-object-used: stepping the original optimizer or scheduler after `prepare`."""
+
+from rules._base import Rule
+
+RULE = Rule(
+    code="ACL108",
+    name="unprepared-object-used",
+    summary="the original optimizer or scheduler is stepped after `prepare` returned a wrapper",
+    severity="error",
+    fix="safe",
+    runtime="full",
+    static=False,
+    docs="""\
+## What it does
+Flags `.step()` or `.zero_grad()` on a name that was passed to `prepare(...)` when the matching
+return value was bound to a different name, after that call. It also reports, without a fix, a
+scheduler that never went through `prepare` but is stepped inside an `accumulate()` block with
+K > 1.
+
+## Why is this bad?
+The objects returned by `prepare` do the gating: they step and zero only on sync steps, go through
+`scaler.step` and `update` in fp16, and step the scheduler only after a real optimizer step. The
+original optimizer's `step()` skips all that: it updates on every micro-batch from a partial sum
+and, in fp16, applies S-times scaled gradients with no inf check. The original scheduler's
+`step()` advances on every micro-batch, compressing the schedule N-fold.
+
+## Example
+```python
+model, p_opt, dl, p_sched = accelerator.prepare(model, opt, dl, sched)
+for batch in dl:
+    with accelerator.accumulate(model):
+        accelerator.backward(model(**batch).loss)
+        opt.step(); sched.step(); opt.zero_grad()    # original objects
+```
+
+## Use instead
+```python
+model, p_opt, dl, p_sched = accelerator.prepare(model, opt, dl, sched)
+for batch in dl:
+    with accelerator.accumulate(model):
+        accelerator.backward(model(**batch).loss)
+        p_opt.step(); p_sched.step(); p_opt.zero_grad()
+```
+
+## Fix safety
+Safe. The receiver is replaced by the prepared name (`opt.step()` becomes `p_opt.step()`), only
+where that name is in scope at the call; the wrapper drives the same inner object. A scheduler
+that was never prepared gets no fix: adding it to `prepare` would also change how often it steps
+(ACL310).
+
+## At runtime
+At `prepare` the guard patches the inner optimizer's and scheduler's `step`; a call that does not
+come through the engine's wrapper raises ACL108. At each sync step it also compares
+`scheduler.last_epoch` with the engine's optimizer-step count.
+""",
+)
