@@ -45,5 +45,11 @@ for batch in dl:
 Safe. `loss.backward(**kw)` becomes `accelerator.backward(loss, **kw)` (or `engine.backward`), or
 `scaler.scale(loss).backward(**kw)` in a raw AMP loop. A manual division by N on the argument is
 removed by the same edit, so the result does not trigger ACL302.
+
+## At runtime
+`engine.backward` marks the backward it owns, and a hook on every grad-requiring output of a
+prepared model raises ACL101 when a backward reaches it unmarked. In raw scaler loops, a scaler
+that was never given a loss (`_scale is None`) at the first `step` / `unscale_` is reported as
+ACL101 before torch's assertion.
 """,
 )
