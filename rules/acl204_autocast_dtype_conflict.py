@@ -1,0 +1,51 @@
+"""ACL204 autocast-dtype-conflict: a user autocast dtype that disagrees with the engine's."""
+
+from rules._base import Rule
+
+RULE = Rule(
+    code="ACL204",
+    name="autocast-dtype-conflict",
+    summary="a user autocast dtype differs from the engine's precision (or autocasts nothing)",
+    severity="error",
+    fix="none",
+    runtime="full",
+    static=False,
+    docs="""\
+## What it does
+Flags a user autocast whose dtype (explicit, or the device default: fp16 on CUDA, bf16 on CPU)
+differs from the statically known precision of the Accelerator or engine in the same module, and
+`accelerator.autocast()` in a module whose constructor pins `mixed_precision="no"`.
+
+## Why is this bad?
+With an engine in bf16, a bare `torch.autocast("cuda")` runs its region in fp16 with no scaler, so
+small gradients underflow (as in ACL106), and mixing Half and BFloat16 tensors fails in operations
+that autocast does not cover. With the engine's precision at `"no"` (or silently fp32, see
+ACL602), `accelerator.autocast()` does nothing, and code the user believes is mixed precision runs
+in fp32.
+
+## Example
+```python
+accelerator = Accelerator(mixed_precision="bf16")
+logits = model(x)
+with torch.autocast("cuda"):                      # float16 by default
+    aux = kl_term(logits, teacher_logits)
+```
+
+## Use instead
+```python
+accelerator = Accelerator(mixed_precision="bf16")
+logits = model(x)
+with accelerator.autocast():                      # same dtype as the engine
+    aux = kl_term(logits, teacher_logits)
+```
+
+## Fix safety
+No autofix: which dtype was intended is unclear. Where the region wraps a prepared model, ACL201's
+fix (switching to `accelerator.autocast()`) resolves both.
+
+## At runtime
+In forward pre-hooks and on entry to `engine.autocast()`, whenever autocast is enabled, the active
+autocast dtype must equal the engine's; a mismatch reports ACL204. Entering `engine.autocast()`
+while the effective precision is fp32 gives a warning.
+""",
+)
