@@ -6,6 +6,7 @@ A bad fixture states what it expects in header comments:
     # expect-pending: ACL305 30    a static rule not implemented yet (flip to `expect` when it is)
     # guard-expect: ACL101         run under the guard (warn mode), it reports ACL101
     # trains-like: good_raw_amp.py after --fix it ends with the same parameters as that script
+    # crashes: RuntimeError          run as is, it dies with this exception (the bug's symptom)
 
 Scripts run in children of a forkserver that has torch preloaded, so each run costs a fork,
 not a 2-second torch import. A script saves its final parameters when ACCEL_FIXTURE_OUT is set.
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
-_HEADER = re.compile(r"^#\s*(expect|expect-pending|guard-expect|trains-like):\s*(.+?)\s*$")
+_HEADER = re.compile(r"^#\s*(expect|expect-pending|guard-expect|trains-like|crashes):\s*(.+?)\s*$")
 
 
 @dataclass
@@ -33,6 +34,7 @@ class Expectations:
     pending: list[tuple[str, int]] = field(default_factory=list)
     guard: list[str] = field(default_factory=list)
     trains_like: str | None = None
+    crashes: str | None = None
 
 
 def read_expectations(path: Path) -> Expectations:
@@ -46,6 +48,8 @@ def read_expectations(path: Path) -> Expectations:
             exp.guard.extend(c.strip() for c in value.split(","))
         elif kind == "trains-like":
             exp.trains_like = value
+        elif kind == "crashes":
+            exp.crashes = value
         else:
             code, lineno = value.split()
             (exp.static if kind == "expect" else exp.pending).append((code, int(lineno)))
@@ -53,9 +57,9 @@ def read_expectations(path: Path) -> Expectations:
 
 
 def fixture_scripts(kind: str = "") -> list[Path]:
-    """All runnable fixtures (`bad_*.py` / `good_*.py`, not the `.fixed.py` snapshots)."""
+    """All runnable fixtures (`bad_*.py` / `good_*.py`), not the `*.fixed.py` snapshots."""
     paths = sorted(FIXTURES.glob(f"ACL*/{kind}*.py"))
-    return [p for p in paths if ".fixed" not in p.name and p.name.startswith(("bad_", "good_"))]
+    return [p for p in paths if p.suffixes == [".py"] and p.name.startswith(("bad_", "good_"))]
 
 
 @dataclass
