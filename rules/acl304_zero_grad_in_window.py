@@ -1,0 +1,56 @@
+"""ACL304 zero-grad-in-window: `zero_grad()` that discards micro-batches of the current window."""
+
+from rules._base import Rule
+
+RULE = Rule(
+    code="ACL304",
+    name="zero-grad-in-window",
+    summary="`zero_grad()` inside the accumulation window wipes the micro-batches gathered so far",
+    severity="error",
+    fix="unsafe",
+    runtime="full",
+    static=False,
+    docs="""\
+## What it does
+Flags `opt.zero_grad()` / `model.zero_grad()` that comes before the backward inside an
+`accumulate()` block, or that runs on every iteration of a manual accumulation loop (not under the
+step condition or a window-start condition).
+
+## Why is this bad?
+Zeroing inside the window throws away what has been accumulated. A manual loop that zeroes every
+iteration keeps only the last micro-batch, and with loss / N the step uses 1/N of its gradient:
+the effective batch is one micro-batch and SGD's learning rate shrinks to 1/N. Under Accelerate
+the prepared `zero_grad()` only acts on sync steps, but the sync flag is already set when the last
+micro-step's block is entered, so a `zero_grad()` at the top of the block wipes the N - 1 earlier
+micro-batches all the same.
+
+## Example
+```python
+for batch in dl:
+    with accelerator.accumulate(model):
+        opt.zero_grad()                 # wipes the window on the sync step
+        accelerator.backward(model(**batch).loss)
+        opt.step()
+```
+
+## Use instead
+```python
+for batch in dl:
+    with accelerator.accumulate(model):
+        accelerator.backward(model(**batch).loss)
+        opt.step()
+        opt.zero_grad()
+```
+
+## Fix safety
+Unsafe. The call is moved to just after the optimizer step, in the same branch or block. Gradients
+that exist before the loop (a sanity-check backward, restored state) then leak into the first
+window, and paths that skip the step (such as `continue` on a bad batch) now carry their gradients
+into the next window.
+
+## At runtime
+The guard wraps `zero_grad`: a call while the window holds 1 to N - 1 completed micro-steps whose
+gradients no step has consumed (counted per parameter with `register_post_accumulate_grad_hook`)
+raises ACL304.
+""",
+)

@@ -1,0 +1,53 @@
+"""ACL305 ungated-scheduler-step: a scheduler stepped on micro-steps or on skipped steps."""
+
+from rules._base import Rule
+
+RULE = Rule(
+    code="ACL305",
+    name="ungated-scheduler-step",
+    summary="`sched.step()` outside the optimizer-step branch: the schedule runs N times too fast",
+    severity="error",
+    fix="safe",
+    runtime="full",
+    static=False,
+    docs="""\
+## What it does
+Flags `sched.step()` in a batch loop outside the condition that guards `opt.step()` (variant a).
+As a hint, it also flags `sched.step()` or an EMA update straight after `scaler.step()` /
+`scaler.update()` with no test for a skipped step (variant b).
+
+## Why is this bad?
+(a) In a manual accumulation loop, a scheduler stepped outside the step branch moves once per
+micro-batch, so the schedule runs N times too fast: warm-up is N times shorter and a cosine reaches
+its floor after 1/N of training. (b) An fp16 scaler skips the optimizer on inf/NaN; stepping the
+scheduler anyway shifts the schedule by one position per skipped step (and triggers torch's
+scheduler-before-optimizer warning when the very first step is skipped), and an EMA updated on a
+skipped step averages in a non-update.
+
+## Example
+```python
+loss.backward()
+if (i + 1) % N == 0:
+    opt.step(); opt.zero_grad()
+sched.step()                            # every micro-batch
+```
+
+## Use instead
+```python
+loss.backward()
+if (i + 1) % N == 0:
+    opt.step(); opt.zero_grad()
+    sched.step()
+```
+
+## Fix safety
+Safe for variant (a): the `sched.step()` statement moves into the branch that steps the optimizer,
+right after the step, which is where one scheduler step per optimizer step belongs. Variant (b)
+has no fix.
+
+## At runtime
+The guard wraps `scheduler.step` and requires at least one real optimizer step since the previous
+scheduler step: the inner `step` ran and the scaler did not back off. Otherwise it reports
+ACL305.
+""",
+)

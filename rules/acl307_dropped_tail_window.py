@@ -1,0 +1,54 @@
+"""ACL307 dropped-tail-window: the last len(dl) % N micro-batches of an epoch never step."""
+
+from rules._base import Rule
+
+RULE = Rule(
+    code="ACL307",
+    name="dropped-tail-window",
+    summary="the step gate has no last-batch clause: the epoch's tail micro-batches never step",
+    severity="error",
+    fix="unsafe",
+    runtime="full",
+    static=False,
+    docs="""\
+## What it does
+Flags a step gate such as `(i + 1) % K == 0`, `i % K == K - 1` or `step % K == 0`, where `i` is the
+`enumerate` index of a loop over a sized loader and the condition has no last-batch clause.
+
+## Why is this bad?
+When len(dl) % N = r is not 0, the last r micro-batches of each epoch do not reach the optimizer in
+that epoch. Since `zero_grad` is gated too, their gradients stay in `.grad` and join the next
+epoch's first window (N + r micro-batches, weight (N + r)/N); in the final epoch they are lost, and
+with N > len(dl) nothing ever steps. Frameworks that flush the tail, Accelerate included, still
+divide it by N, so it counts r/N of a full window.
+
+## Example
+```python
+for epoch in range(epochs):
+    for i, (x, y) in enumerate(dl):
+        (crit(model(x), y) / N).backward()
+        if (i + 1) % N == 0:
+            opt.step(); opt.zero_grad()
+```
+
+## Use instead
+```python
+for epoch in range(epochs):
+    for i, (x, y) in enumerate(dl):
+        (crit(model(x), y) / N).backward()
+        if (i + 1) % N == 0 or i + 1 == len(dl):
+            opt.step(); opt.zero_grad()
+```
+
+## Fix safety
+Unsafe. `or <index> + 1 == len(<loader>)` is appended to the gate. That adds an optimizer step per
+epoch (changing schedule progress and step-based logging), and the tail is still divided by N
+(weight r/N, as in Accelerate). Not applied when the loader has no `len` or the loop does not
+`enumerate` the loader.
+
+## At runtime
+When the wrapped loader is exhausted or the engine exits, any trainable parameter still holding
+gradients from micro-steps that no step consumed gives ACL307. The engine itself always flushes
+the tail (divided by N, as Accelerate does) and reports its r/N weight once.
+""",
+)

@@ -1,0 +1,59 @@
+"""ACL308 token-mean-under-accumulation: per-micro-batch token means averaged over the window."""
+
+from rules._base import Rule
+
+RULE = Rule(
+    code="ACL308",
+    name="token-mean-under-accumulation",
+    summary="token-level mean loss per micro-batch under accumulation overweights short batches",
+    severity="warning",
+    fix="none",
+    runtime="heuristic",
+    static=False,
+    docs="""\
+## What it does
+Flags a token-level mean loss inside an accumulation loop (`accumulate(` or step gating with
+K > 1): `F.cross_entropy` / `nn.CrossEntropyLoss()` with the default reduction on flattened logits
+or with `ignore_index`, and `.loss` of a causal-LM, seq2seq or token-classification model called
+with `labels=`.
+
+## Why is this bad?
+The large-batch objective of a token-level loss is the sum of the token losses divided by the
+number T of valid tokens in the whole window (across all ranks). A mean within each micro-batch,
+then averaged over N micro-batches and W ranks, gives a token of micro-batch i the weight
+1/(N·T_i) instead of 1/T, so tokens of short, heavily padded micro-batches count more. The gradient
+is biased, the bias grows with the spread of the T_i and with N and W, and the logged loss is off
+too. It is reported as a warning because the bias depends on the data: equal-length or packed
+batches have none.
+
+## Example
+```python
+with accelerator.accumulate(model):
+    logits = model(batch["input_ids"]).logits
+    loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
+    accelerator.backward(loss)              # per-micro-batch mean, then /N
+```
+
+## Use instead
+```python
+# window: the N batches of this optimizer step, fetched up front (labels pre-shifted)
+n_tok = accelerator.gather(sum((b["labels"] != -100).sum() for b in window)).sum()
+for b in window:
+    with accelerator.accumulate(model):
+        logits = model(b["input_ids"]).logits.flatten(0, 1)
+        s = F.cross_entropy(logits, b["labels"].flatten(), reduction="sum")
+        accelerator.backward(s * N * accelerator.num_processes / n_tok)  # undo /N and DDP's mean
+```
+
+## Fix safety
+No autofix: the remedy needs the window fetched up front and a collective over ranks, so it is
+offered as advice only.
+
+## At runtime
+Heuristic, with a measured bias: the engine follows the loss graph to its `NllLossBackward0` node,
+reads whether it is a mean and that micro-batch's valid-token count T_i, gathers the window's T_i
+across ranks at the sync step and reports ACL308 when max_i |mean(T)/T_i - 1| exceeds a
+configurable threshold. A sum-reduced loss passed with the window's item count is normalised by
+the engine and raises nothing.
+""",
+)
