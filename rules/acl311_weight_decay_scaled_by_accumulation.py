@@ -1,0 +1,41 @@
+"""ACL311 weight-decay-scaled-by-accumulation: weight decay multiplied or divided by K."""
+
+from rules._base import Rule
+
+RULE = Rule(
+    code="ACL311",
+    name="weight-decay-scaled-by-accumulation",
+    summary="`weight_decay` scaled by the accumulation steps: regularisation N× off the reference",
+    severity="warning",
+    fix="none",
+    runtime="none",
+    static=False,
+    docs="""\
+## What it does
+Flags a `weight_decay=` argument, in an optimizer constructor or a parameter-group dict, whose
+expression multiplies or divides by the accumulation value K.
+
+## Why is this bad?
+Accumulation exists to reproduce one optimizer step on the large batch, so every hyperparameter of
+that step should stay as it is. torch optimizers apply weight decay inside `step()`: decoupled
+decay (AdamW) once per step, coupled decay (`weight_decay` of SGD/Adam) once on the already
+averaged gradient. Neither depends on how many micro-batches built the gradient, so scaling λ by N
+makes regularisation N times stronger or weaker than in the large-batch run. It is a warning
+because a deliberately tuned λ is the user's call.
+
+## Example
+```python
+opt = torch.optim.AdamW(model.parameters(), lr=3e-4,
+                        weight_decay=0.1 * args.grad_accum)    # decay N x stronger
+```
+
+## Use instead
+```python
+opt = torch.optim.AdamW(model.parameters(), lr=3e-4,
+                        weight_decay=0.1)                      # as in the large-batch run
+```
+
+## Fix safety
+No autofix: the λ the user wants is unknown, and changing it changes training.
+""",
+)
