@@ -1,0 +1,46 @@
+"""ACL402 world-size-loss-division: dividing the loss by W on top of DDP's gradient average."""
+
+from rules._base import Rule
+
+RULE = Rule(
+    code="ACL402",
+    name="world-size-loss-division",
+    summary="loss divided by the world size although DDP already averages: gradients W× too small",
+    severity="error",
+    fix="safe",
+    runtime="partial",
+    static=False,
+    docs="""\
+## What it does
+Flags a loss divided by `world_size`, `dist.get_world_size()`, `accelerator.num_processes`,
+`args.world_size` or `int(os.environ["WORLD_SIZE"])` on its way to the backward of a DDP-wrapped or
+prepared model.
+
+## Why is this bad?
+DDP, and so Accelerate's prepared model, already averages gradients over the W ranks. Dividing the
+loss by W as well makes gradients W times too small, so the same script trains differently on 1
+and on 8 GPUs. All-reducing and dividing a detached copy for logging is fine.
+
+## Example
+```python
+loss = crit(ddp_model(x), y)
+loss = loss / dist.get_world_size()         # DDP already averages
+loss.backward()
+```
+
+## Use instead
+```python
+loss = crit(ddp_model(x), y)
+loss.backward()                             # averaged across ranks by DDP
+```
+
+## Fix safety
+Safe. The world-size factor is removed only when the divided value feeds nothing but the backward
+(the same condition as ACL302), so logged values and other computations are unchanged.
+
+## At runtime
+Partial: `engine.backward` inspects the root `grad_fn` for a division by W (or a multiplication by
+1/W) and warns. It is only a warning, since a divisor may equal W by coincidence, and it cannot
+fire (nor matter) when W = 1.
+""",
+)

@@ -1,0 +1,53 @@
+"""ACL403 metrics-without-gather: evaluation metrics fed by `gather` or by one rank's shard."""
+
+from rules._base import Rule
+
+RULE = Rule(
+    code="ACL403",
+    name="metrics-without-gather",
+    summary="metrics from `accelerator.gather` count padded duplicates; use `gather_for_metrics`",
+    severity="error",
+    fix="safe",
+    runtime="full",
+    static=False,
+    docs="""\
+## What it does
+Flags `accelerator.gather(` in a loop over an evaluation loader (named like `eval`, `val`,
+`valid`, `test`, or inside an `evaluate` / `validate` function) whose result reaches a metric
+(`add_batch`, `update`, `compute`, or a list of predictions). Without a fix, it also flags metric
+updates fed by un-gathered predictions over a prepared evaluation loader.
+
+## Why is this bad?
+A prepared evaluation loader pads its last batch with repeated samples so that every process runs
+the same number of batches. `accelerator.gather` keeps those repeats, so metrics are computed on
+the dataset plus padding (for example 10,167 predictions for 10,000 samples). A metric updated from
+predictions that were never gathered describes only this process's 1/W shard.
+
+## Example
+```python
+for batch in eval_dl:
+    with torch.no_grad():
+        preds = model(**batch).logits.argmax(-1)
+    p, r = accelerator.gather((preds, batch["labels"]))
+    metric.add_batch(predictions=p, references=r)
+```
+
+## Use instead
+```python
+for batch in eval_dl:
+    with torch.no_grad():
+        preds = model(**batch).logits.argmax(-1)
+    p, r = accelerator.gather_for_metrics((preds, batch["labels"]))
+    metric.add_batch(predictions=p, references=r)
+```
+
+## Fix safety
+Safe. `accelerator.gather(` becomes `accelerator.gather_for_metrics(` with the same arguments; the
+result is identical except that the duplicated samples of the loader's last batch are dropped.
+
+## At runtime
+The guard counts gathered samples per evaluation pass and compares the total with
+`len(eval_dataset)` at the end; more samples than the dataset holds gives ACL403. It also notes
+metric-bound `gather` calls on a last batch with a non-zero remainder.
+""",
+)

@@ -1,0 +1,51 @@
+"""ACL404 sampler-set-epoch-missing: a shuffling DistributedSampler never told the epoch."""
+
+from rules._base import Rule
+
+RULE = Rule(
+    code="ACL404",
+    name="sampler-set-epoch-missing",
+    summary="`DistributedSampler` without `set_epoch(epoch)`: every epoch repeats the same order",
+    severity="warning",
+    fix="none",
+    runtime="full",
+    static=False,
+    docs="""\
+## What it does
+Flags a `DistributedSampler(` (with `shuffle` not literal `False`) whose loader is iterated inside
+an epoch loop that never calls `.set_epoch(` on the sampler (or on `dl.sampler` /
+`dl.batch_sampler.sampler`).
+
+## Why is this bad?
+`DistributedSampler` seeds its permutation with seed + epoch. Without `set_epoch(epoch)` at the
+start of each epoch, every epoch sees the same order and the same split across ranks, quietly
+removing much of the randomness shuffling is there for. Accelerate's prepared loaders set the epoch
+themselves; raw DDP loops must do it by hand. It is a warning because training still converges,
+just with less shuffling than intended.
+
+## Example
+```python
+sampler = DistributedSampler(train_ds, shuffle=True)
+dl = DataLoader(train_ds, batch_size=32, sampler=sampler)
+for epoch in range(epochs):
+    for x, y in dl: train_step(x, y)
+```
+
+## Use instead
+```python
+sampler = DistributedSampler(train_ds, shuffle=True)
+dl = DataLoader(train_ds, batch_size=32, sampler=sampler)
+for epoch in range(epochs):
+    sampler.set_epoch(epoch)
+    for x, y in dl: train_step(x, y)
+```
+
+## Fix safety
+No autofix: where the epoch variable lives and which sampler object to call is not always clear
+from the loop.
+
+## At runtime
+The guard records `sampler.epoch` each time the wrapped loader starts a pass; the same value on two
+consecutive passes with shuffling on gives ACL404.
+""",
+)

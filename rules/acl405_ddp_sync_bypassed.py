@@ -1,0 +1,50 @@
+"""ACL405 ddp-sync-bypassed: a DDP model whose gradients are never all-reduced on real steps."""
+
+from rules._base import Rule
+
+RULE = Rule(
+    code="ACL405",
+    name="ddp-sync-bypassed",
+    summary="DDP gradient sync bypassed (`model.module(...)`, a stuck sync flag): replicas diverge",
+    severity="error",
+    fix="safe",
+    runtime="full",
+    static=False,
+    docs="""\
+## What it does
+Flags a call of `<ddp>.module(...)` / `<ddp>.module.forward(...)` whose result flows into a
+backward; `<ddp>.require_backward_grad_sync = <expr>` where the expression cannot be true on the
+micro-step that steps; and `with <ddp>.no_sync():` around the optimizer step.
+
+## Why is this bad?
+The gradients of the DDP model are never all-reduced on the steps that count, so the replicas
+silently drift apart. Typical causes: the forward goes through `model.module(...)`, the unwrapped
+module that bypasses DDP's hooks; `require_backward_grad_sync` is set from an expression that stays
+false (such as `micro_step == N - 1` with a counter that never gets there); or `no_sync()` also
+covers the micro-step that steps.
+
+## Example
+```python
+model = DDP(net, device_ids=[rank])
+for batch in dl:
+    loss = model.module(batch).mean()       # DDP hooks bypassed
+    loss.backward(); opt.step(); opt.zero_grad()
+```
+
+## Use instead
+```python
+model = DDP(net, device_ids=[rank])
+for batch in dl:
+    loss = model(batch).mean()
+    loss.backward(); opt.step(); opt.zero_grad()
+```
+
+## Fix safety
+Safe for `model.module(x)` feeding a backward: it becomes `model(x)`, which runs the same module
+through DDP's hooks. The other forms have no fix.
+
+## At runtime
+The guard's DDP communication hook counts all-reduces; an optimizer step with no all-reduce since
+the previous one (world size > 1) reports ACL405.
+""",
+)
