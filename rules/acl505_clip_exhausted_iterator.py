@@ -1,0 +1,48 @@
+"""ACL505 clip-exhausted-iterator: clipping an iterator that the optimizer already consumed."""
+
+from rules._base import Rule
+
+RULE = Rule(
+    code="ACL505",
+    name="clip-exhausted-iterator",
+    summary="clipping a parameter iterator the optimizer already consumed: nothing is clipped",
+    severity="error",
+    fix="safe",
+    runtime="full",
+    static=False,
+    docs="""\
+## What it does
+Flags a name bound to `filter(...)`, `map(...)`, a generator expression or `<module>.parameters()`
+that is passed to an optimizer constructor (or any other consumer) and later to
+`clip_grad_norm_`, `clip_grad_value_` or `accelerator.clip_grad_norm_`.
+
+## Why is this bad?
+An iterator can be consumed once. The optimizer constructor exhausts it, so the later clip call
+receives an empty iterator: clipping silently does nothing and the returned norm is 0.
+
+## Example
+```python
+params = filter(lambda p: p.requires_grad, model.parameters())
+opt = torch.optim.AdamW(params, lr=1e-4)
+...
+torch.nn.utils.clip_grad_norm_(params, 1.0)      # empty: nothing clipped
+```
+
+## Use instead
+```python
+params = [p for p in model.parameters() if p.requires_grad]
+opt = torch.optim.AdamW(params, lr=1e-4)
+...
+torch.nn.utils.clip_grad_norm_(params, 1.0)
+```
+
+## Fix safety
+Safe. The binding is wrapped in `list(...)` (a generator expression becomes a list
+comprehension). The optimizer receives the same parameters in the same order, and the clip call
+now sees them too.
+
+## At runtime
+The guard's clip wrapper materialises its argument; an empty parameter list while the optimizers
+hold trainable parameters reports ACL505.
+""",
+)
