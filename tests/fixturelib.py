@@ -100,7 +100,7 @@ def _context():
     global _ctx
     if _ctx is None:
         _ctx = mp.get_context("forkserver")
-        _ctx.set_forkserver_preload(["torch"])
+        _ctx.set_forkserver_preload(["torch", "torch._dynamo", "accelerate"])
     return _ctx
 
 
