@@ -5,7 +5,7 @@ from rules._base import Rule
 RULE = Rule(
     code="ACL105",
     name="scaler-with-bf16",
-    summary="a GradScaler under bf16 is useless, can hide real infs and crashes on bf16 parameters",
+    summary="a GradScaler under bf16 gains nothing, can hide real infs and crashes on bf16 params",
     severity="error",
     fix="unsafe",
     runtime="full",
