@@ -7,3 +7,11 @@ removes them. `guard.Engine` is the training engine with Accelerate's method nam
 from guard._report import GuardError, GuardWarning, configure, findings, reset
 
 __all__ = ["GuardError", "GuardWarning", "configure", "findings", "reset"]
+
+
+def __getattr__(name: str):  # lazy: the engine imports torch, `import guard` must stay cheap
+    if name == "Engine":
+        from guard.engine import Engine
+
+        return Engine
+    raise AttributeError(f"module 'guard' has no attribute {name!r}")

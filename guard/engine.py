@@ -1,0 +1,361 @@
+"""`guard.Engine`: mixed precision, gradient accumulation and data parallelism, done correctly.
+
+The method names are Accelerate's, so switching is mechanical. The semantics are the ten
+reference points at the top of CATALOG.md, with these documented differences:
+
+- fp16 on a CPU device really runs fp16 autocast with `torch.amp.GradScaler("cpu")`
+  (Accelerate silently trains fp32 there while reporting fp16).
+- A skipped fp16 step is detected by the scale back-off, so fused and capturable optimizers
+  never advance the scheduler on a skipped step (Accelerate's skip flag misses them).
+- `tail="exact"` weights a tail window of r < N micro-batches by 1/r instead of Accelerate's
+  1/N (the default, `tail="accelerate"`, keeps Accelerate's r/N weight).
+- `backward(loss_sum, num_items=n)` normalises by the item count of the whole window across all
+  ranks, which gives the exact large-batch gradient for variable-length token losses.
+- `state_dict()` also holds the gradients of a half-finished window, so resuming mid-window gives
+  the same parameters as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import torch
+from torch.utils.data import DataLoader
+
+from guard import distributed
+from guard._window import Window
+from guard.prepared import (
+    PreparedDataLoader,
+    PreparedOptimizer,
+    PreparedScheduler,
+    wrap_forward,
+)
+
+Precision = Literal["no", "fp16", "bf16"]
+Tail = Literal["accelerate", "exact"]
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class _Accumulate:
+    """The `with engine.accumulate(...)` block: no_sync on non-sync steps, the in-window flag."""
+
+    __slots__ = ("_window", "_ddp", "_stack")
+
+    def __init__(self, window: Window, ddp: list[torch.nn.Module]):
+        self._window = window
+        self._ddp = ddp
+        self._stack: contextlib.ExitStack | None = None
+
+    def __enter__(self) -> None:
+        self._window.in_accumulate = True
+        if self._ddp:
+            self._stack = contextlib.ExitStack()
+            for model in self._ddp:
+                self._stack.enter_context(model.no_sync())
+
+    def __exit__(self, *exc: Any) -> None:
+        self._window.in_accumulate = False
+        if self._stack is not None:
+            self._stack.close()
+            self._stack = None
+
+
+class Engine:
+    """A training engine with Accelerate's method names and correct accumulation semantics.
+
+    Args:
+        mixed_precision: "no", "fp16" (autocast + GradScaler, also on CPU) or "bf16" (autocast,
+            never a scaler).
+        gradient_accumulation_steps: N, the micro-steps per optimizer step.
+        device: where models and batches go; default cuda:<local rank> if CUDA is present, else CPU.
+        tail: how a tail window of r < N micro-batches is weighted: "accelerate" (1/N each, as
+            Accelerate) or "exact" (1/r each, as a full batch of the remaining samples).
+        split_batches: as in Accelerate, whether the scheduler steps once (True) or W times (False)
+            per optimizer step.
+    """
+
+    def __init__(
+        self,
+        mixed_precision: Precision = "no",
+        gradient_accumulation_steps: int = 1,
+        device: str | torch.device | None = None,
+        *,
+        tail: Tail = "accelerate",
+        split_batches: bool = False,
+    ):
+        if mixed_precision not in ("no", "fp16", "bf16"):
+            raise ValueError(f"mixed_precision must be no, fp16 or bf16, not {mixed_precision!r}")
+        if tail not in ("accelerate", "exact"):
+            raise ValueError(f"tail must be 'accelerate' or 'exact', not {tail!r}")
+        self.device = torch.device(device) if device is not None else distributed.default_device()
+        distributed.init_from_env(self.device)
+        self.mixed_precision = mixed_precision
+        self.gradient_accumulation_steps = gradient_accumulation_steps
+        self.tail = tail
+        self.split_batches = split_batches
+        self._window = Window(gradient_accumulation_steps)
+        self.scaler = torch.amp.GradScaler(self.device.type) if mixed_precision == "fp16" else None
+        self._models: list[torch.nn.Module] = []
+        self._optimizers: list[PreparedOptimizer] = []
+        self._schedulers: list[PreparedScheduler] = []
+        self._items: Any = None  # summed num_items of the current window (None: not used)
+        self._grads_ready = False  # grads of this sync step rescaled and, in fp16, unscaled
+        self._unscaled: set[int] = set()  # ids of optimizers unscaled in this sync step
+
+    # ----------------------------------------------------------------- process information
+    @property
+    def num_processes(self) -> int:
+        return distributed.world_size()
+
+    @property
+    def process_index(self) -> int:
+        return distributed.rank()
+
+    @property
+    def is_main_process(self) -> bool:
+        return distributed.rank() == 0
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """print() on the main process only."""
+        if self.is_main_process:
+            print(*args, **kwargs)
+
+    def wait_for_everyone(self) -> None:
+        distributed.barrier()
+
+    # ----------------------------------------------------------------------------- prepare
+    def prepare(self, *objects: Any) -> Any:
+        """Prepare models, optimizers, dataloaders and schedulers, returned in the given order."""
+        prepared: list[Any] = [self._prepare_one(obj) for obj in objects]
+        for i, obj in enumerate(objects):  # schedulers need the prepared optimizers first
+            if _is_scheduler(obj):
+                prepared[i] = self._prepare_scheduler(obj)
+        return prepared[0] if len(prepared) == 1 else tuple(prepared)
+
+    def _prepare_one(self, obj: Any) -> Any:
+        if isinstance(obj, torch.nn.Module):
+            return self._prepare_model(obj)
+        if isinstance(obj, PreparedOptimizer):
+            return obj
+        if isinstance(obj, torch.optim.Optimizer):
+            optimizer = PreparedOptimizer(obj, self)
+            self._optimizers.append(optimizer)
+            return optimizer
+        if isinstance(obj, DataLoader):
+            return PreparedDataLoader(obj, self)
+        if _is_scheduler(obj):
+            return obj
+        raise TypeError(f"Engine.prepare does not know how to prepare {type(obj).__name__}")
+
+    def _prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        model.to(self.device)
+        if self.mixed_precision in _DTYPES:
+            wrap_forward(model, self.device.type, _DTYPES[self.mixed_precision])
+        if distributed.world_size() > 1 and any(p.requires_grad for p in model.parameters()):
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+        self._models.append(model)
+        return model
+
+    def _prepare_scheduler(self, scheduler: Any) -> PreparedScheduler:
+        inner = scheduler.optimizer
+        owners = [o for o in self._optimizers if o.optimizer is inner or o is inner]
+        if not owners:
+            raise ValueError("prepare the scheduler's optimizer with (or before) the scheduler")
+        prepared = PreparedScheduler(scheduler, owners, self, self.split_batches)
+        self._schedulers.append(prepared)
+        return prepared
+
+    # -------------------------------------------------------------------------- the window
+    @property
+    def sync_gradients(self) -> bool:
+        """True on the micro-step that ends a window: the optimizer will really step."""
+        return self._window.sync_gradients
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Real (not skipped) optimizer steps taken so far."""
+        return self._window.optimizer_steps
+
+    def accumulate(self, *models: torch.nn.Module) -> _Accumulate:
+        """One micro-step; on non-sync steps DDP models run forward and backward under no_sync."""
+        self._window.advance()
+        if self._window.sync_gradients:
+            return _Accumulate(self._window, [])
+        ddp = [m for m in models if isinstance(m, torch.nn.parallel.DistributedDataParallel)]
+        return _Accumulate(self._window, ddp)
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """DDP's no_sync for a prepared DDP model; nothing for any other model."""
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            return model.no_sync()
+        return contextlib.nullcontext()
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The engine's autocast region (for code outside the prepared model's forward)."""
+        if self.mixed_precision in _DTYPES:
+            return torch.autocast(self.device.type, dtype=_DTYPES[self.mixed_precision])
+        return contextlib.nullcontext()
+
+    # ---------------------------------------------------------------------------- backward
+    def backward(self, loss: torch.Tensor, num_items: Any = None, **kwargs: Any) -> None:
+        """Backward of `loss / N` (scaled in fp16); the caller's tensor is left untouched.
+
+        With `num_items`, `loss` is a sum over `num_items` items (tokens, samples) of this
+        micro-batch on this rank; at the sync step the window's gradient is divided by the total
+        item count over the window and all ranks, giving the exact large-batch mean.
+        """
+        if self._grads_ready:  # the previous sync step is done: a new window starts
+            self._grads_ready = False
+            self._unscaled.clear()
+        if num_items is None:
+            if self._items is not None:
+                raise ValueError("backward(loss) and backward(loss, num_items=) mixed in a window")
+            loss = loss / self.gradient_accumulation_steps
+        else:
+            self._add_items(num_items)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward(**kwargs)
+        else:
+            loss.backward(**kwargs)
+
+    def _add_items(self, num_items: Any) -> None:
+        if self._items is None:
+            self._items = 0
+        self._items = self._items + num_items
+
+    # ------------------------------------------------------------------ sync-step gradients
+    def _trained_parameters(self) -> list[torch.Tensor]:
+        return [p for o in self._optimizers for g in o.param_groups for p in g["params"]]
+
+    def _prepare_gradients(self) -> None:
+        """Once per sync step: apply the window's normalisation (num_items or exact tail)."""
+        if self._grads_ready:
+            return
+        self._grads_ready = True
+        factor = self._window_factor()
+        if factor is None:
+            return
+        grads = [p.grad for p in self._trained_parameters() if p.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, factor)
+
+    def _window_factor(self) -> Any:
+        """What the summed gradients must be multiplied by, or None when they are already right."""
+        if self._items is not None:
+            items = torch.as_tensor(self._items, dtype=torch.float64, device=self.device)
+            items = distributed.all_reduce_sum(items.clone())
+            self._items = None
+            # DDP averages over ranks, so the rank sum is W times the average it produced.
+            return (self.num_processes / items).float()
+        if self.tail == "exact" and self._window.is_tail:
+            return self.gradient_accumulation_steps / self._window.length
+        return None
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        """fp16: divide the gradients by the loss scale, once per optimizer step."""
+        self._prepare_gradients()
+        if self.scaler is None:
+            return
+        targets = self._optimizers if optimizer is None else [optimizer]
+        for opt in targets:
+            inner = opt.optimizer if isinstance(opt, PreparedOptimizer) else opt
+            if id(inner) not in self._unscaled:
+                self._unscaled.add(id(inner))
+                self.scaler.unscale_(inner)
+
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        """Unscale (fp16), then clip the total gradient norm; returns the unclipped norm."""
+        parameters = list(parameters)
+        self.unscale_gradients()
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
+        """Unscale (fp16), then clamp every gradient element to [-clip_value, clip_value]."""
+        parameters = list(parameters)
+        self.unscale_gradients()
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    def _before_optimizer_step(self) -> None:
+        self._prepare_gradients()
+
+    def _after_optimizer_step(self, optimizer: PreparedOptimizer) -> None:
+        if not optimizer.step_was_skipped:
+            self._window.optimizer_steps += 1
+
+    def _loader_finished(self, loader: PreparedDataLoader) -> None:
+        """Hook for the end of a prepared loader's iteration."""
+
+    # --------------------------------------------------------------------------- metrics
+    def gather(self, data: Any) -> Any:
+        """Concatenate tensors from all processes along dimension 0."""
+        return distributed.gather(data)
+
+    def gather_for_metrics(self, data: Any) -> Any:
+        """`gather`, minus the duplicate samples padded into the last batch of a prepared loader."""
+        gathered = distributed.gather(data)
+        loaders = self._window.loaders
+        if not loaders or not loaders[-1].end_of_dataloader or loaders[-1].remainder == 0:
+            return gathered
+        return _truncate(gathered, loaders[-1].remainder)
+
+    def reduce(self, tensor: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
+        """Sum (or mean) a tensor over processes."""
+        total = distributed.all_reduce_sum(tensor.clone())
+        return total / self.num_processes if reduction == "mean" else total
+
+    def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        is_ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+        return model.module if is_ddp else model
+
+    # ------------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Scaler state, window counters and, mid-window, the gradients accumulated so far."""
+        mid_window = not self._window.sync_gradients
+        grads = None
+        if mid_window:
+            grads = [
+                None if p.grad is None else p.grad.detach().clone()
+                for p in self._trained_parameters()
+            ]
+        items = self._items
+        return {
+            "window": self._window.state_dict(),
+            "scaler": None if self.scaler is None else self.scaler.state_dict(),
+            "grads": grads,
+            "items": items.clone() if isinstance(items, torch.Tensor) else items,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` saved; prepare models and optimizers first."""
+        self._window.load_state_dict(state["window"])
+        if (state["scaler"] is None) != (self.scaler is None):
+            raise ValueError("checkpoint and engine disagree on whether fp16 loss scaling is used")
+        if self.scaler is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        self._items = state["items"]
+        if state["grads"] is not None:
+            params = self._trained_parameters()
+            if len(params) != len(state["grads"]):
+                raise ValueError("checkpoint holds gradients for a different set of parameters")
+            for param, grad in zip(params, state["grads"], strict=True):
+                param.grad = None if grad is None else grad.to(param.device, param.dtype)
+
+
+def _is_scheduler(obj: Any) -> bool:
+    return isinstance(
+        obj, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+    )
+
+
+def _truncate(data: Any, count: int) -> Any:
+    if isinstance(data, torch.Tensor):
+        return data[:count]
+    if isinstance(data, dict):
+        return type(data)({k: _truncate(v, count) for k, v in data.items()})
+    items = [_truncate(v, count) for v in data]
+    return type(data)(*items) if hasattr(data, "_fields") else type(data)(items)
