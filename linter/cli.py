@@ -1,0 +1,196 @@
+"""The `accel-lint` command: options mirror ruff's so a ruff user needs no manual.
+
+Exit codes: 0 no findings left, 1 findings left, 2 usage or internal error. Heavy modules (rich,
+libcst, the analysis) are imported only by the paths that need them; `--version` answers before
+typer is even imported, because start-up time is most of a pre-commit run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from linter import __version__
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+
+
+class OutputFormat(str, Enum):
+    full = "full"
+    concise = "concise"
+    json = "json"
+    github = "github"
+    sarif = "sarif"
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(2)
+
+
+def _selectors(values: list[str] | None) -> tuple[str, ...]:
+    return tuple(s for value in values or () for s in value.replace(" ", ",").split(",") if s)
+
+
+def _colour(stream) -> bool:
+    return stream.isatty() and not os.environ.get("NO_COLOR")
+
+
+def _print_rich(renderable) -> None:
+    from rich.console import Console
+
+    Console(highlight=False).print(renderable)
+
+
+def _explain(code: str) -> None:
+    from linter.explain import UnknownCode, explain_markdown
+
+    try:
+        text = explain_markdown(code)
+    except UnknownCode as exc:
+        raise _fail(str(exc)) from None
+    if _colour(sys.stdout):
+        from rich.markdown import Markdown
+
+        _print_rich(Markdown(text))
+    else:
+        sys.stdout.write(text)
+
+
+def _list_rules() -> None:
+    from linter.explain import rules_table_plain, rules_table_rich
+
+    if _colour(sys.stdout):
+        _print_rich(rules_table_rich())
+    else:
+        sys.stdout.write(rules_table_plain())
+
+
+def _show_loops(path: Path, output_format: OutputFormat) -> int:
+    from linter.analysis import ParseFailure
+    from linter.show_loops import as_json, as_tree, describe
+    from linter.source import SourceError
+
+    try:
+        description = describe(str(path))
+    except SourceError as exc:
+        raise _fail(f"{path}: {exc}") from None
+    except ParseFailure as failure:
+        typer.echo(f"{path}:{failure.line}:{failure.column + 1}: ACL000 {failure.message}")
+        return 1
+    if output_format == OutputFormat.json:
+        sys.stdout.write(as_json(description))
+    else:
+        _print_rich(as_tree(description, str(path)))
+    return 0
+
+
+@app.command()
+def lint(
+    paths: Annotated[list[Path] | None, typer.Argument(help="Files or directories.")] = None,
+    fix: Annotated[bool, typer.Option("--fix", help="Apply safe fixes.")] = False,
+    unsafe_fixes: Annotated[
+        bool | None,
+        typer.Option("--unsafe-fixes/--no-unsafe-fixes", help="Also apply/show unsafe fixes."),
+    ] = None,
+    diff: Annotated[bool, typer.Option("--diff", help="Print the fixes as a diff.")] = False,
+    select: Annotated[list[str] | None, typer.Option(help="Codes or prefixes.")] = None,
+    ignore: Annotated[list[str] | None, typer.Option(help="Codes or prefixes.")] = None,
+    extend_select: Annotated[list[str] | None, typer.Option(help="Added to select.")] = None,
+    output_format: Annotated[OutputFormat, typer.Option()] = OutputFormat.full,
+    statistics: Annotated[bool, typer.Option("--statistics", help="Counts per code.")] = False,
+    exit_zero: Annotated[bool, typer.Option("--exit-zero", help="Exit 0 on findings.")] = False,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Ignore the cache.")] = False,
+    config: Annotated[Path | None, typer.Option(help="Use this config file only.")] = None,
+    explain: Annotated[str | None, typer.Option(help="Explain a rule code.")] = None,
+    list_rules: Annotated[bool, typer.Option("--list-rules", help="List every rule.")] = False,
+    show_loops: Annotated[Path | None, typer.Option(help="Show the loop model.")] = None,
+    version: Annotated[bool, typer.Option("--version", help="Print the version.")] = False,
+) -> None:
+    """Catch silent mixed-precision, gradient-accumulation and data-parallel bugs."""
+    if version:
+        typer.echo(f"accel-lint {__version__}")
+        return
+    if explain is not None:
+        return _explain(explain)
+    if list_rules:
+        return _list_rules()
+    from linter.config import ConfigError, Overrides, Resolver
+
+    overrides = Overrides(
+        select=_selectors(select) or None,
+        ignore=_selectors(ignore),
+        extend_select=_selectors(extend_select),
+        unsafe_fixes=unsafe_fixes,
+    )
+    try:
+        resolver = Resolver(overrides, config)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
+    if show_loops is not None:
+        raise typer.Exit(_show_loops(show_loops, output_format))
+    mode = "diff" if diff else "write" if fix else "none"
+    try:
+        code = _check(paths or [Path(".")], resolver, mode, output_format, statistics, no_cache)
+    except ConfigError as exc:  # a nested config file found while walking
+        raise _fail(str(exc)) from None
+    raise typer.Exit(0 if exit_zero and code == 1 else code)
+
+
+def _check(paths, resolver, mode, output_format, statistics, no_cache) -> int:
+    from linter import output, runner
+    from linter.cache import Cache, default_directory
+    from linter.discovery import discover
+
+    found = discover(paths, resolver)
+    for note in found.notes:
+        typer.echo(f"note: {note}", err=True)
+    project = resolver.project
+    cache = None if no_cache else Cache(default_directory(project.root))
+    report = runner.run(found.files, mode, cache)
+    if cache is not None:
+        cache.save()
+    for shown, message in report.errors:
+        typer.echo(f"error: {shown}: {message}", err=True)
+    if mode == "diff":
+        sys.stdout.write("".join(report.diffs))
+        if report.fixed:
+            typer.echo(f"Would fix {_errors(report.fixed)}.", err=True)
+        return 2 if report.errors else (1 if report.diffs else 0)
+    diagnostics = report.diagnostics
+    context = output.Context(project.unsafe_fixes, _colour(sys.stdout))
+    sys.stdout.write(_render(diagnostics, context, output_format, statistics))
+    if report.fixed:
+        typer.echo(f"Fixed {_errors(report.fixed)}.", err=True)
+    return 2 if report.errors else (1 if diagnostics else 0)
+
+
+def _errors(count: int) -> str:
+    return f"{count} error{'s' if count != 1 else ''}"
+
+
+def _render(diagnostics, context, output_format: OutputFormat, statistics: bool) -> str:
+    from linter import output
+
+    if statistics:
+        from linter.output import statistics as stats
+
+        as_json = output_format == OutputFormat.json
+        text = stats.render(diagnostics, context, as_json=as_json)
+        return text if as_json else text + output.summary(diagnostics, context) + "\n"
+    text = output.render(output_format.value, diagnostics, context)
+    if output_format == OutputFormat.concise:
+        text += output.summary(diagnostics, context) + "\n"
+    return text
+
+
+def main() -> None:
+    if sys.argv[1:] == ["--version"]:  # the fast path: no typer, no click
+        print(f"accel-lint {__version__}")
+        return
+    app()

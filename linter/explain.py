@@ -1,0 +1,67 @@
+"""`--explain CODE` and `--list-rules`: the catalogue's own words, so docs and CLI agree."""
+
+from __future__ import annotations
+
+from rules import ALL_RULES, Rule
+
+FIX_SAFETY = {
+    "safe": "Fix is safe: applied by `--fix`.",
+    "unsafe": "Fix is unsafe: applied only with `--fix --unsafe-fixes`.",
+    "safe-when-trailing": "Fix is safe when the code is at the end of its block, otherwise unsafe.",
+    "none": "No autofix: this rule only reports.",
+}
+
+
+class UnknownCode(LookupError):
+    pass
+
+
+def rule_for(code: str) -> Rule:
+    rule = ALL_RULES.get(code.strip().upper())
+    if rule is None:
+        raise UnknownCode(f"unknown rule code: `{code}` (see `accel-lint --list-rules`)")
+    return rule
+
+
+def explain_markdown(code: str) -> str:
+    """The `--explain` text as markdown: name, summary, fix safety, coverage, then the docs."""
+    rule = rule_for(code)
+    static = "static check and runtime guard" if rule.static else "runtime guard only"
+    return (
+        f"# {rule.code} ({rule.name})\n\n"
+        f"{rule.summary}\n\n"
+        f"- Severity: {rule.severity}\n"
+        f"- {FIX_SAFETY[rule.fix]}\n"
+        f"- Detected by: {static} (runtime coverage: {rule.runtime})\n\n"
+        f"{rule.docs.strip()}\n"
+    )
+
+
+COLUMNS = ("code", "name", "fix", "static", "runtime", "summary")
+
+
+def rule_rows() -> list[tuple[str, ...]]:
+    return [
+        (r.code, r.name, r.fix, "yes" if r.static else "no", r.runtime, r.summary)
+        for r in ALL_RULES.values()
+    ]
+
+
+def rules_table_plain() -> str:
+    """Aligned columns (the summary last and unpadded), for pipes and files."""
+    rows = [COLUMNS, *rule_rows()]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS) - 1)]
+    lines = [
+        "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]])
+        for row in rows
+    ]
+    return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+def rules_table_rich():
+    from rich.table import Table
+
+    table = Table(*COLUMNS, title="accel-lint rules")
+    for row in rule_rows():
+        table.add_row(*row)
+    return table

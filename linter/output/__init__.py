@@ -1,0 +1,58 @@
+"""Reporters, one module per `--output-format`; each exposes `render(diagnostics, context) -> str`.
+
+Positions in `Diagnostic` are 1-based lines and 0-based columns; every reporter prints ruff's
+1-based columns. Modules are imported on demand so a run only loads the format it prints.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from linter import fixer
+from linter.types import Diagnostic
+
+FORMATS = ("full", "concise", "json", "github", "sarif")
+_MODULES = {"json": "json_format"}
+
+
+@dataclass(frozen=True)
+class Context:
+    unsafe_fixes: bool = False  # whether unsafe fixes count as available
+    colour: bool = False
+
+
+def fixable(diagnostic: Diagnostic, context: Context) -> bool:
+    return fixer.applicable(diagnostic, context.unsafe_fixes)
+
+
+def render(name: str, diagnostics: list[Diagnostic], context: Context) -> str:
+    module = importlib.import_module(f"linter.output.{_MODULES.get(name, name)}")
+    return module.render(diagnostics, context)
+
+
+def column(position) -> int:
+    """ruff's 1-based column."""
+    return position.column + 1
+
+
+def summary(diagnostics: list[Diagnostic], context: Context) -> str:
+    """The closing lines of the text formats, worded like ruff's."""
+    if not diagnostics:
+        return "All checks passed!"
+    total = len(diagnostics)
+    lines = [f"Found {total} error{'s' if total != 1 else ''}."]
+    available = sum(fixable(d, context) for d in diagnostics)
+    hidden = sum(
+        d.fix is not None and d.fix.applicability == "unsafe" and not context.unsafe_fixes
+        for d in diagnostics
+    )
+    hint = ""
+    if hidden:
+        plural = "es" if hidden != 1 else ""
+        hint = f" ({hidden} unsafe fix{plural} available with `--fix --unsafe-fixes`)"
+    if available:
+        lines.append(f"[*] {available} fixable with `--fix`{hint}.")
+    elif hidden:
+        lines.append(f"No fixes available{hint}.")
+    return "\n".join(lines)

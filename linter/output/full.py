@@ -1,0 +1,108 @@
+"""`--output-format full` (the default): each diagnostic with a source excerpt, a caret under its
+range and the fix that would be applied, then a summary.
+
+The text is built as (text, style) segments; rich is imported only when colour is wanted.
+"""
+
+from __future__ import annotations
+
+from linter.output import Context, column, fixable, summary
+from linter.source import SourceError, decode, read_bytes, split_lines
+from linter.types import Diagnostic
+
+Segment = tuple[str, str]  # (text, rich style; "" for none)
+CONTEXT_LINES = 1
+MAX_LINES = 6
+
+
+def _source_lines(path: str, memo: dict[str, list[str] | None]) -> list[str] | None:
+    if path not in memo:
+        try:
+            memo[path] = split_lines(decode(read_bytes(path)).text)
+        except SourceError:
+            memo[path] = None
+    return memo[path]
+
+
+def header(diagnostic: Diagnostic, context: Context) -> list[Segment]:
+    start = diagnostic.start
+    segments = [
+        (diagnostic.path, "bold"),
+        (f":{start.line}:{column(start)}: ", "cyan"),
+        (diagnostic.code, "bold red"),
+        (" ", ""),
+    ]
+    if fixable(diagnostic, context):
+        segments.append(("[*] ", "cyan"))
+    segments.append((diagnostic.message + "\n", ""))
+    return segments
+
+
+def excerpt(diagnostic: Diagnostic, lines: list[str]) -> list[Segment]:
+    """The lines around the diagnostic with a caret line under its first line."""
+    start, end = diagnostic.start, diagnostic.end
+    first, last = _window(diagnostic, lines)
+    width = len(str(last))
+    gutter = " " * width + " |"
+    segments: list[Segment] = [(gutter + "\n", "blue")]
+    for number in range(first, last + 1):
+        text = lines[number - 1]
+        segments += [(f"{number:>{width}} | ", "blue"), (text + "\n", "")]
+        if number == start.line:
+            stop = end.column if end.line == start.line else len(text)
+            carets = "^" * max(1, stop - start.column)
+            segments += [(gutter + " " + " " * start.column, "blue"), (carets + "\n", "bold red")]
+    segments.append((gutter + "\n", "blue"))
+    return segments
+
+
+def _window(diagnostic: Diagnostic, lines: list[str]) -> tuple[int, int]:
+    """First and last line numbers shown for a diagnostic."""
+    start, end = diagnostic.start, diagnostic.end
+    last = min(len(lines), min(end.line, start.line + MAX_LINES) + CONTEXT_LINES)
+    return max(1, start.line - CONTEXT_LINES), last
+
+
+def footer(diagnostic: Diagnostic, width: int) -> list[Segment]:
+    pad = " " * (width + 1)
+    segments: list[Segment] = []
+    if diagnostic.fix is not None:
+        unsafe = " (unsafe)" if diagnostic.fix.applicability == "unsafe" else ""
+        segments.append((f"{pad}= help: {diagnostic.fix.message}{unsafe}\n", "cyan"))
+    segments += [(f"{pad}= note: {note}\n", "") for note in diagnostic.notes]
+    return segments
+
+
+def segments_for(diagnostics: list[Diagnostic], context: Context) -> list[Segment]:
+    memo: dict[str, list[str] | None] = {}
+    segments: list[Segment] = []
+    for diagnostic in diagnostics:
+        segments += header(diagnostic, context)
+        lines = _source_lines(diagnostic.path, memo)
+        width = 0
+        if lines and diagnostic.start.line <= len(lines):
+            segments += excerpt(diagnostic, lines)
+            width = len(str(_window(diagnostic, lines)[1]))
+        segments += footer(diagnostic, width)
+        segments.append(("\n", ""))
+    segments.append((summary(diagnostics, context) + "\n", "bold" if diagnostics else "green"))
+    return segments
+
+
+def render(diagnostics: list[Diagnostic], context: Context) -> str:
+    segments = segments_for(diagnostics, context)
+    if not context.colour:
+        return "".join(text for text, _ in segments)
+    return to_ansi(segments)
+
+
+def to_ansi(segments: list[Segment]) -> str:
+    import io
+
+    from rich.console import Console
+    from rich.text import Text
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, highlight=False, soft_wrap=True)
+    console.print(Text.assemble(*segments), end="")
+    return buffer.getvalue()

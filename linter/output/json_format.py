@@ -1,0 +1,65 @@
+"""`--output-format json`: a list of objects with exactly ruff's keys, so ruff tooling can read it.
+
+Keys: cell, code, end_location, filename (absolute), fix, location, message, name, noqa_row,
+severity, url. Locations are `{row, column}` with 1-based columns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from linter.output import Context, column
+from linter.types import Diagnostic, Position
+
+
+def location(position: Position) -> dict:
+    return {"column": column(position), "row": position.line}
+
+
+def rule_name(code: str) -> str | None:
+    from rules import ALL_RULES
+
+    rule = ALL_RULES.get(code)
+    return rule.name if rule else ("syntax-error" if code == "ACL000" else None)
+
+
+def rule_severity(code: str) -> str:
+    from rules import ALL_RULES
+
+    rule = ALL_RULES.get(code)
+    return rule.severity if rule else "error"
+
+
+def as_dict(diagnostic: Diagnostic) -> dict:
+    fix = None
+    if diagnostic.fix is not None:
+        fix = {
+            "applicability": diagnostic.fix.applicability,
+            "edits": [
+                {
+                    "content": edit.content,
+                    "end_location": location(edit.end),
+                    "location": location(edit.start),
+                }
+                for edit in diagnostic.fix.edits
+            ],
+            "message": diagnostic.fix.message,
+        }
+    return {
+        "cell": None,
+        "code": diagnostic.code,
+        "end_location": location(diagnostic.end),
+        "filename": os.path.abspath(diagnostic.path),
+        "fix": fix,
+        "location": location(diagnostic.start),
+        "message": diagnostic.message,
+        "name": rule_name(diagnostic.code),
+        "noqa_row": diagnostic.start.line,
+        "severity": rule_severity(diagnostic.code),
+        "url": None,
+    }
+
+
+def render(diagnostics: list[Diagnostic], context: Context) -> str:
+    return json.dumps([as_dict(d) for d in diagnostics], indent=2) + "\n"

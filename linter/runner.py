@@ -1,0 +1,209 @@
+"""Lint many files: cache look-up, prefilter, analysis, `# noqa`, fixes; a process pool if many.
+
+The prefilter is one compiled regex over the raw bytes: a file mentioning none of the words below
+cannot violate any rule, so it is never decoded or parsed. Workers receive the file's bytes and
+return plain values; the main process owns the cache and all printing.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import sys
+import traceback
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from linter import cache as cache_mod
+from linter import fixer, noqa
+from linter.config import Settings
+from linter.selection import PARSE_ERROR
+from linter.source import SourceError, decode, read_bytes, write_atomic
+from linter.types import Diagnostic, Position
+
+PREFILTER = re.compile(
+    rb"backward|autocast|GradScaler|clip_grad|Accelerator|no_sync|zero_grad|gradient_accumulation"
+)
+POOL_THRESHOLD = 32  # files to analyse before a process pool pays for its start-up
+FixMode = Literal["none", "write", "diff"]
+
+
+@dataclass(frozen=True)
+class Job:
+    shown: str  # the path as the user sees it (relative when under the working directory)
+    absolute: str
+    data: bytes
+    codes: frozenset[str]
+    mode: FixMode
+    unsafe: bool
+
+
+@dataclass
+class FileResult:
+    shown: str
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    fixed: int = 0
+    diff: str = ""
+    error: str | None = None  # an internal error: reported with the file name, exit 2
+    cacheable: bool = True
+
+
+@dataclass
+class Report:
+    results: list[FileResult] = field(default_factory=list)
+    files_checked: int = 0
+
+    @property
+    def diagnostics(self) -> list[Diagnostic]:
+        found = [d for r in self.results for d in r.diagnostics]
+        return sorted(found, key=lambda d: (d.path, d.start, d.code))
+
+    @property
+    def fixed(self) -> int:
+        return sum(r.fixed for r in self.results)
+
+    @property
+    def errors(self) -> list[tuple[str, str]]:
+        return [(r.shown, r.error) for r in self.results if r.error]
+
+    @property
+    def diffs(self) -> list[str]:
+        return [r.diff for r in sorted(self.results, key=lambda r: r.shown) if r.diff]
+
+
+def shown_path(path: Path) -> str:
+    """Relative to the working directory when under it (as ruff prints), else as given."""
+    absolute = os.path.abspath(path)
+    cwd = os.getcwd()
+    if absolute.startswith(cwd + os.sep):
+        return os.path.relpath(absolute, cwd)
+    return str(path)
+
+
+def run(
+    files: Iterable[tuple[Path, Settings]],
+    mode: FixMode = "none",
+    cache: cache_mod.Cache | None = None,
+) -> Report:
+    """Lint `files` (each with its settings) and return every file's result."""
+    report = Report()
+    jobs: list[tuple[Job, os.stat_result | None, str, str]] = []
+    for path, settings in files:
+        report.files_checked += 1
+        shown, absolute = shown_path(path), os.path.abspath(path)
+        codes = settings.codes_for(path)
+        key = cache_mod.codes_key(codes)
+        try:
+            stat = os.stat(absolute)
+        except OSError:
+            stat = None
+        cached = cache.by_stat(absolute, stat, key, shown) if cache and stat else None
+        if cached is not None and not _needs_fixing(cached, mode, settings.unsafe_fixes):
+            report.results.append(FileResult(shown, cached))
+            continue
+        try:
+            data = read_bytes(absolute)
+        except SourceError as exc:
+            failed = FileResult(shown, [_file_error(shown, str(exc))], cacheable=False)
+            report.results.append(failed)
+            continue
+        if not codes or not PREFILTER.search(data):
+            report.results.append(FileResult(shown))
+            if cache and stat:
+                cache.store(absolute, stat, "", cache_mod.ANY_CODES, [])
+            continue
+        digest = cache_mod.digest(data) if cache else ""
+        cached = cache.by_content(absolute, digest, key, shown) if cache else None
+        if cached is not None and not _needs_fixing(cached, mode, settings.unsafe_fixes):
+            report.results.append(FileResult(shown, cached))
+            cache.store(absolute, stat, digest, key, cached)
+            continue
+        job = Job(shown, absolute, data, codes, mode, settings.unsafe_fixes)
+        jobs.append((job, stat, digest, key))
+    results = _execute([job for job, *_ in jobs])
+    for (job, stat, digest, key), result in zip(jobs, results, strict=True):
+        report.results.append(result)
+        if cache and stat and result.cacheable:
+            _remember(cache, job, result, stat, digest, key)
+    report.results.sort(key=lambda r: r.shown)
+    return report
+
+
+def _needs_fixing(diagnostics: list[Diagnostic], mode: FixMode, unsafe: bool) -> bool:
+    return mode != "none" and any(fixer.applicable(d, unsafe) for d in diagnostics)
+
+
+def _remember(cache, job: Job, result: FileResult, stat, digest: str, key: str) -> None:
+    if result.fixed and job.mode == "write":
+        stat = os.stat(job.absolute)  # the file now holds the fixed text
+        digest = cache_mod.digest(read_bytes(job.absolute))
+    elif result.fixed:
+        return  # --diff: the remaining diagnostics are those of text that was not written
+    cache.store(job.absolute, stat, digest, key, result.diagnostics)
+
+
+def _execute(jobs: list[Job]) -> list[FileResult]:
+    if len(jobs) <= POOL_THRESHOLD:
+        return [lint_job(job) for job in jobs]
+    import multiprocessing
+
+    import linter.analysis  # noqa: F401  (imported once here, inherited by forked workers)
+
+    workers = min(os.cpu_count() or 1, max(1, len(jobs) // 8))
+    method = "fork" if sys.platform == "linux" else None
+    context = multiprocessing.get_context(method)
+    chunk = max(1, len(jobs) // (workers * 4))
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        return list(pool.map(lint_job, jobs, chunksize=chunk))
+
+
+def lint_job(job: Job) -> FileResult:
+    """Analyse (and maybe fix) one file. Never raises: failures become diagnostics or errors."""
+    from linter.analysis import ParseFailure, analyze_source
+
+    try:
+        source = decode(job.data)
+    except SourceError as exc:
+        return FileResult(job.shown, [_file_error(job.shown, str(exc))])
+
+    def analyse(text: str) -> list[Diagnostic]:
+        return noqa.apply(text, analyze_source(text, job.shown, job.codes))
+
+    try:
+        diagnostics = analyse(source.text)
+        if not _needs_fixing(diagnostics, job.mode, job.unsafe):
+            return FileResult(job.shown, diagnostics)
+        outcome = fixer.fix_text(source.text, analyse, job.unsafe, source.newline, diagnostics)
+        result = FileResult(job.shown, outcome.diagnostics, outcome.fixed, error=outcome.error)
+        if outcome.text != source.text:
+            new_data = source.encode(outcome.text)
+            if job.mode == "write":
+                write_atomic(job.absolute, new_data)
+            else:
+                result.diff = unified_diff(job.shown, source.text, outcome.text)
+        return result
+    except ParseFailure as failure:
+        at = Position(failure.line, failure.column)
+        message = f"SyntaxError: {failure.message}"
+        return FileResult(job.shown, [Diagnostic(PARSE_ERROR, message, job.shown, at, at)])
+    except Exception as exc:  # a bug in a rule or the fixer must not stop the other files
+        detail = "".join(traceback.format_exception_only(exc)).strip()
+        if os.environ.get("ACCEL_LINT_DEBUG"):
+            detail = "".join(traceback.format_exception(exc))
+        return FileResult(job.shown, error=f"internal error: {detail}", cacheable=False)
+
+
+def _file_error(shown: str, message: str) -> Diagnostic:
+    at = Position(1, 0)
+    return Diagnostic(PARSE_ERROR, message, shown, at, at)
+
+
+def unified_diff(shown: str, before: str, after: str) -> str:
+    lines = difflib.unified_diff(
+        before.splitlines(keepends=True), after.splitlines(keepends=True), shown, shown
+    )
+    return "".join(line if line.endswith(("\n", "\r")) else line + "\n" for line in lines)

@@ -1,0 +1,56 @@
+"""`--show-loops FILE`: what the linter understood about each training loop, as a tree or JSON.
+
+The model's own description (`describe_loops`) is shown as it is, so this view never drifts from
+what the rules see.
+"""
+
+from __future__ import annotations
+
+import json
+
+
+def describe(path: str) -> dict:
+    """Raises SourceError for an unreadable file and ParseFailure for invalid Python."""
+    from linter.analysis import describe_loops
+    from linter.source import decode, read_bytes
+
+    return describe_loops(decode(read_bytes(path)).text, path)
+
+
+def as_json(description: dict) -> str:
+    return json.dumps(description, indent=2, default=str) + "\n"
+
+
+def as_tree(description: dict, title: str):
+    from rich.tree import Tree
+
+    tree = Tree(f"[bold]{_escape(title)}[/bold]")
+    _add(tree, description)
+    return tree
+
+
+def _add(node, value) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, (dict, list)) and item:
+                _add(node.add(f"[cyan]{_escape(str(key))}[/cyan]"), item)
+            else:
+                node.add(f"[cyan]{_escape(str(key))}[/cyan]: {_escape(_scalar(item))}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            if isinstance(item, (dict, list)) and item:
+                _add(node.add(f"[dim]{index}[/dim]"), item)
+            else:
+                node.add(_escape(_scalar(item)))
+    else:
+        node.add(_escape(_scalar(value)))
+
+
+def _scalar(value) -> str:
+    return json.dumps(value) if not isinstance(value, str) else value
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
