@@ -95,3 +95,43 @@ def windows_for(batches: int, n: int) -> list[int]:
     """Micro-batches per optimizer step for `batches` batches, the tail flushed."""
     full, tail = divmod(batches, n)
     return [n] * full + ([tail] if tail else [])
+
+
+VOCAB, EMBED = 11, 8
+
+
+def make_token_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Embedding(VOCAB, EMBED), torch.nn.Linear(EMBED, VOCAB))
+
+
+def make_token_batches(count: int, rows: int = 2, width: int = 12, seed: int = 2) -> list:
+    """Padded token batches of very different lengths (labels -100 on padding)."""
+    gen = torch.Generator().manual_seed(seed)
+    batches = []
+    for i in range(count):
+        tokens = torch.randint(0, VOCAB, (rows, width), generator=gen)
+        labels = torch.randint(0, VOCAB, (rows, width), generator=gen)
+        lengths = torch.randint(1, 4 if i % 2 else width + 1, (rows,), generator=gen)
+        labels[torch.arange(width)[None, :] >= lengths[:, None]] = -100
+        batches.append((tokens, labels))
+    return batches
+
+
+def token_loss(model, tokens, labels, reduction: str) -> torch.Tensor:
+    logits = model(tokens)
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction=reduction)
+
+
+def token_reference(batches: list, steps: int, per_step: int) -> torch.Tensor:
+    """Large batch: each step's loss is the mean over every valid token of its batches."""
+    model = make_token_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    for s in range(steps):
+        window = batches[s * per_step : (s + 1) * per_step]
+        tokens = torch.cat([t for t, _ in window])
+        labels = torch.cat([lab for _, lab in window])
+        opt.zero_grad()
+        token_loss(model, tokens, labels, "mean").backward()
+        opt.step()
+    return flat_params(model)
