@@ -87,13 +87,11 @@ def test_overflow_skips_step_backs_off_and_holds_the_scheduler(device, fused):
     opt = make_optimizer("adamw", model.parameters(), fused=fused)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     model, opt, loader, sched = engine.prepare(model, opt, make_loader(x, y, B), sched)
-    snapshots = []
+    windows = []  # per window: params, scale and lr on entry; params, scale, skip flag on exit
     for i, (xb, yb) in enumerate(loader):
         with engine.accumulate(model):
             if engine.sync_gradients:
-                snapshots.append(
-                    (flat_params(model), engine.scaler.get_scale(), sched.get_last_lr())
-                )
+                windows.append([flat_params(model), engine.scaler.get_scale(), sched.get_last_lr()])
             poison = i == 5 and model[0].weight.register_hook(lambda g: g * float("inf"))
             engine.backward(loss_fn(model, xb, yb))
             if poison:
@@ -102,19 +100,14 @@ def test_overflow_skips_step_backs_off_and_holds_the_scheduler(device, fused):
             sched.step()
             opt.zero_grad()
             if engine.sync_gradients:
-                snapshots[-1] += (
-                    flat_params(model),
-                    engine.scaler.get_scale(),
-                    opt.step_was_skipped,
-                )
-    (p0, s0, lr0, p1, s1, skip1), (p2, s2, lr2, p3, s3, skip2), (p4, s4, lr4, p5, s5, skip3) = (
-        snapshots
-    )
-    assert (skip1, skip2, skip3) == (False, True, False)
-    assert not torch.equal(p0, p1) and not torch.equal(p4, p5)  # real steps moved the weights
-    assert torch.equal(p2, p3)  # the poisoned window changed nothing
-    assert s3 == s2 / 2  # the scale backed off
-    assert lr2 == lr4 == [lr0[0] / 2]  # one scheduler step for the first window, none for the skip
-    assert sched.get_last_lr() == [lr0[0] / 4]
+                windows[-1] += [flat_params(model), engine.scaler.get_scale(), opt.step_was_skipped]
+    first, poisoned, last = windows
+    assert [w[5] for w in windows] == [False, True, False]
+    assert not torch.equal(first[0], first[3]) and not torch.equal(last[0], last[3])
+    assert torch.equal(poisoned[0], poisoned[3])  # the poisoned window changed nothing
+    assert poisoned[4] == poisoned[1] / 2  # the scale backed off
+    lr0 = first[2][0]
+    assert poisoned[2] == last[2] == [lr0 / 2]  # one scheduler step so far, none for the skip
+    assert sched.get_last_lr() == [lr0 / 4]
     assert engine.optimizer_steps == 2
     assert opt.optimizer.state[next(iter(model.parameters()))]["step"].item() == 2
