@@ -19,15 +19,32 @@ Level = Literal["error", "warning"]
 Mode = Literal["raise", "warn", "off"]
 
 _INTERNAL_PARTS = (
-    os.sep + "guard" + os.sep,
-    os.sep + "torch" + os.sep,
-    os.sep + "accelerate" + os.sep,
-    os.sep + "importlib" + os.sep,
     "<frozen ",
     os.sep + "runpy.py",
     os.sep + "contextlib.py",
     os.sep + "functools.py",
+    os.sep + "importlib" + os.sep,
 )
+_GUARD_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_LIBRARY_NAMES = ("torch", "accelerate")
+_internal_dirs: list[str] = [_GUARD_DIR]
+
+
+def _is_internal(filename: str) -> bool:
+    """Frames of the guard, torch, accelerate and the stdlib plumbing are not the user's."""
+    if len(_internal_dirs) < 1 + len(_LIBRARY_NAMES):
+        _refresh_internal_dirs()
+    return filename.startswith(tuple(_internal_dirs)) or any(p in filename for p in _INTERNAL_PARTS)
+
+
+def _refresh_internal_dirs() -> None:
+    for name in _LIBRARY_NAMES:
+        module = sys.modules.get(name)
+        path = getattr(module, "__file__", None)
+        if path:
+            directory = os.path.dirname(os.path.abspath(path)) + os.sep
+            if directory not in _internal_dirs:
+                _internal_dirs.append(directory)
 
 
 class GuardError(RuntimeError):
@@ -60,6 +77,7 @@ class _Settings:
     select: tuple[str, ...] = ("ACL",)
     ignore: tuple[str, ...] = ()
     report_path: str | None = None
+    options: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -91,8 +109,10 @@ def configure(
     select: list[str] | tuple[str, ...] | None = None,
     ignore: list[str] | tuple[str, ...] | None = None,
     report_path: str | None = None,
+    **options: float,
 ) -> None:
-    """Set the mode and the per-code selection (codes or prefixes, like the linter's)."""
+    """Set the mode, the per-code selection (codes or prefixes, like the linter's) and check
+    options such as `overflow_streak=25` (see each check's `OPTIONS`)."""
     s = _state.settings
     if mode is not None:
         if mode not in ("raise", "warn", "off"):
@@ -104,6 +124,15 @@ def configure(
         s.ignore = tuple(ignore)
     if report_path is not None:
         s.report_path = report_path
+    s.options.update(options)
+
+
+def option(name: str, default: float) -> float:
+    """A check option set with `configure(name=...)` or ACCEL_GUARD_<NAME>, else `default`."""
+    if name in _state.settings.options:
+        return _state.settings.options[name]
+    env = os.environ.get(f"ACCEL_GUARD_{name.upper()}")
+    return type(default)(env) if env else default
 
 
 def mode() -> Mode:
@@ -130,7 +159,7 @@ def user_location() -> str | None:
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not any(part in filename for part in _INTERNAL_PARTS):
+        if not _is_internal(filename):
             return f"{filename}:{frame.f_lineno}"
         frame = frame.f_back
     return None
@@ -151,8 +180,16 @@ def report(code: str, message: str, level: Level = "error", location: str | None
     if _state.settings.mode == "raise" and level == "error":
         raise GuardError(code, message, location)
     if seen is None:
-        where = f" ({location})" if location else ""
-        warnings.warn(f"{code}{where}: {message}", GuardWarning, stacklevel=2)
+        _warn_at(f"{code}: {message}", location)
+
+
+def _warn_at(text: str, location: str | None) -> None:
+    """Show the warning at the user's line, not at the guard's."""
+    filename, _, line = (location or "").rpartition(":")
+    if filename and line.isdigit():
+        warnings.warn_explicit(text, GuardWarning, filename, int(line), module="accel-guard")
+    else:
+        warnings.warn(text, GuardWarning, stacklevel=3)
 
 
 def findings() -> list[Finding]:
@@ -179,11 +216,25 @@ def summary_text() -> str:
     return "\n".join(lines)
 
 
+def write_report(path: str) -> None:
+    """Add this process's findings to the JSON file at `path` (child processes share it)."""
+    import fcntl
+
+    with open(path, "a+", encoding="utf-8") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.seek(0)
+        text = fh.read()
+        rows = json.loads(text) if text.strip() else []
+        rows.extend(asdict(f) for f in findings())
+        fh.seek(0)
+        fh.truncate()
+        json.dump(rows, fh, indent=1)
+
+
 def _at_exit() -> None:
     s = _state.settings
     if s.report_path:
-        with open(s.report_path, "w", encoding="utf-8") as fh:
-            json.dump([asdict(f) for f in findings()], fh, indent=1)
+        write_report(s.report_path)
     if s.mode == "warn" and findings():
         print(summary_text(), file=sys.stderr)
 

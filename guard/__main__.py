@@ -1,0 +1,61 @@
+"""Run a training script with the guard's runtime checks installed.
+
+    python -m guard train.py [ARGS ...]          # unmodified script, checks installed first
+    python -m guard -m package.train [ARGS ...]  # same for a module
+    python -m guard --explain ACL102             # the catalogue text shared with accel-lint
+
+Modes (environment): ACCEL_GUARD=raise (default: errors raise `guard.GuardError` with `.code`,
+warnings warn), ACCEL_GUARD=warn (nothing raises; each finding is printed once and a summary
+table with code, count, first step and file:line is printed at exit), ACCEL_GUARD=off.
+ACCEL_GUARD_REPORT=findings.json also writes the findings as JSON at exit (all processes).
+
+Distributed launchers: the guard goes between the launcher and the script, and every worker
+process installs it (a `sitecustomize` on PYTHONPATH covers processes the script spawns itself,
+such as `torch.multiprocessing.spawn` children):
+
+    torchrun --nproc-per-node 2 -m guard train.py [ARGS ...]
+    accelerate launch -m guard train.py [ARGS ...]
+
+Inside a script, `import guard` at the top does the same for that process, and
+`guard.configure(mode=..., select=[...], ignore=[...])` adjusts it from code.
+"""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = "usage: python -m guard [-m MODULE | SCRIPT | --explain CODE] [ARGS ...]"
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__ if argv else USAGE, file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    if argv[0] == "--explain":
+        return _explain(argv[1:])
+    from guard._main import run_script
+
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            print(USAGE, file=sys.stderr)
+            return 2
+        run_script(argv[1], argv[2:], module=True)
+    else:
+        run_script(argv[0], argv[1:])
+    return 0
+
+
+def _explain(codes: list[str]) -> int:
+    from rules import ALL_RULES
+
+    for code in codes:
+        rule = ALL_RULES.get(code.upper())
+        if rule is None:
+            print(f"unknown code {code!r}", file=sys.stderr)
+            return 2
+        print(f"{rule.code} ({rule.name}): {rule.summary}\n\n{rule.docs}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

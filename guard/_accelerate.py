@@ -1,0 +1,145 @@
+"""Patches on HF Accelerate, feeding the same tracker as plain PyTorch loops.
+
+Applied when accelerate is imported (before or after the guard; see `_install.when_imported`).
+They only mark who is calling (Accelerate's backward, optimizer or scheduler wrapper, clip) and
+emit the Accelerate-specific events; the counters live in the tracker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import weakref
+from typing import Any
+
+import torch
+
+from guard import _patch
+
+
+def install(tracker) -> None:
+    from accelerate import Accelerator
+    from accelerate.optimizer import AcceleratedOptimizer
+    from accelerate.scheduler import AcceleratedScheduler
+
+    _patch_init(tracker, Accelerator)
+    _patch_prepare(tracker, Accelerator)
+    _patch_owned_calls(tracker, Accelerator)
+    _patch_contexts(tracker, Accelerator)
+    _wrap_with_flag(tracker, AcceleratedOptimizer, "step", "step_wrapper")
+    _wrap_with_flag(tracker, AcceleratedScheduler, "step", "sched_wrapper")
+
+
+def _patch_init(tracker, cls) -> None:
+    init = cls.__init__
+
+    @_patch.wraps_original(init)
+    def __init__(accelerator, *args, **kwargs):
+        init(accelerator, *args, **kwargs)
+        tracker.accelerators.append(weakref.ref(accelerator))
+
+    _patch.patch(cls, "__init__", __init__)
+
+
+def _patch_prepare(tracker, cls) -> None:
+    prepare = cls.prepare
+
+    @_patch.wraps_original(prepare)
+    def prepare_(accelerator, *args, **kwargs):
+        result = prepare(accelerator, *args, **kwargs)
+        outputs = result if isinstance(result, tuple) else (result,)
+        for obj in outputs:
+            _register(tracker, accelerator, obj)
+        tracker.emit("prepare", accelerator=accelerator, inputs=args, outputs=outputs)
+        return result
+
+    _patch.patch(cls, "prepare", prepare_)
+
+
+def _register(tracker, accelerator, obj: Any) -> None:
+    """Remember which inner optimizer/scheduler a wrapper owns; hook prepared models' forward."""
+    from accelerate.optimizer import AcceleratedOptimizer
+    from accelerate.scheduler import AcceleratedScheduler
+
+    if isinstance(obj, AcceleratedOptimizer):
+        st = tracker.state(obj.optimizer)
+        st.prepared_by, st.wrapper = accelerator, obj
+    elif isinstance(obj, AcceleratedScheduler):
+        tracker.prepared_schedulers[obj.scheduler] = (accelerator, obj)
+    elif isinstance(obj, torch.nn.Module) and not _already_wrapped(obj):
+        _wrap_forward(tracker, accelerator, obj)
+
+
+def _already_wrapped(model: torch.nn.Module) -> bool:
+    return hasattr(model.__dict__.get("forward"), "__guard_original__")
+
+
+def _wrap_forward(tracker, accelerator, model: torch.nn.Module) -> None:
+    forward = model.forward
+    acc_ref = weakref.ref(accelerator)
+
+    @_patch.wraps_original(forward)
+    def guarded_forward(*args, **kwargs):
+        tracker.emit("forward_pre", accelerator=acc_ref(), model=model)
+        with tracker.autocast_origin("accelerate-forward"):
+            return forward(*args, **kwargs)
+
+    _patch.patch(model, "forward", guarded_forward)
+
+
+def _patch_owned_calls(tracker, cls) -> None:
+    backward = cls.backward
+
+    @_patch.wraps_original(backward)
+    def backward_(accelerator, loss, **kwargs):
+        with tracker.owning("accelerate"):
+            return backward(accelerator, loss, **kwargs)
+
+    _patch.patch(cls, "backward", backward_)
+    for name in ("clip_grad_norm_", "clip_grad_value_"):
+        _patch.patch(cls, name, _with_flag(tracker, getattr(cls, name), "clip_via", "accelerate"))
+
+
+def _patch_contexts(tracker, cls) -> None:
+    accumulate, autocast = cls.accumulate, cls.autocast
+
+    @contextlib.contextmanager
+    def accumulate_(accelerator, *models):
+        tracker.emit("accumulate_enter", accelerator=accelerator, models=models)
+        with accumulate(accelerator, *models):
+            yield
+        tracker.emit("accumulate_exit", accelerator=accelerator, models=models)
+
+    @contextlib.contextmanager
+    def autocast_(accelerator, *args, **kwargs):
+        tracker.emit("accelerate_autocast", accelerator=accelerator)
+        with tracker.autocast_origin("accelerate"), autocast(accelerator, *args, **kwargs):
+            yield
+
+    for name, original, wrapper in (
+        ("accumulate", accumulate, accumulate_),
+        ("autocast", autocast, autocast_),
+    ):
+        wrapper = functools.wraps(original)(wrapper)
+        wrapper.__guard_original__ = original
+        _patch.patch(cls, name, wrapper)
+
+
+def _with_flag(tracker, original, flag: str, value: Any):
+    @_patch.wraps_original(original)
+    def wrapper(*args, **kwargs):
+        with tracker.flag(flag, value):
+            return original(*args, **kwargs)
+
+    return wrapper
+
+
+def _wrap_with_flag(tracker, cls, name: str, flag: str) -> None:
+    original = getattr(cls, name)
+
+    @_patch.wraps_original(original)
+    def wrapper(obj, *args, **kwargs):
+        with tracker.flag(flag, obj):
+            return original(obj, *args, **kwargs)
+
+    _patch.patch(cls, name, wrapper)

@@ -1,0 +1,52 @@
+"""Small helpers shared by the check modules."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+from guard import _report
+
+_dtype_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def report(code: str, message: str, level: _report.Level = "error") -> None:
+    """Report with a pointer to the shared catalogue text."""
+    _report.report(code, f"{message} (accel-lint --explain {code})", level)
+
+
+def trainable_dtypes(optimizer: Any) -> frozenset:
+    """Dtypes of the optimizer's trainable parameters, computed once per optimizer."""
+    cached = _dtype_cache.get(optimizer)
+    if cached is None:
+        cached = frozenset(
+            p.dtype
+            for group in optimizer.param_groups
+            for p in group["params"]
+            if getattr(p, "requires_grad", False)
+        )
+        _dtype_cache[optimizer] = cached
+    return cached
+
+
+def precision_of(accelerator: Any) -> Any:
+    """The autocast dtype an Accelerator really applies (None = fp32)."""
+    if accelerator is None or not getattr(accelerator, "native_amp", False):
+        return None
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(
+        str(getattr(accelerator, "mixed_precision", "no"))
+    )
+
+
+def dtype_name(dtype: Any) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def scale_of(scaler: Any) -> str:
+    """The scaler's current scale as text (a host sync: call only on the reporting path)."""
+    try:
+        return f"{scaler.get_scale():g}"
+    except Exception:  # a scaler that never scaled has no scale tensor yet
+        return "S"
