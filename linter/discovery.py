@@ -1,9 +1,10 @@
 """Find the Python files to lint: walk directories honouring `.gitignore` files and `exclude`.
 
-Files named on the command line are always linted (like ruff without `force-exclude`); `exclude` and
-`.gitignore` apply to what a directory walk finds. `.gitignore` files are read in every walked
-directory and in the walk root's parents up to the repository root; the deepest match wins, so
-nested files and `!negations` behave as in git. Notebooks are skipped with a note.
+Files and directories named on the command line are always linted (like ruff without
+`force-exclude`); `exclude` and `.gitignore` apply to what a directory walk finds below them.
+`.gitignore` files are read in every walked directory and in the walk root's parents up to the
+repository root; the deepest match wins, so nested files and `!negations` behave as in git.
+Notebooks are skipped with a note.
 """
 
 from __future__ import annotations
@@ -54,8 +55,7 @@ class _Ignores:
 
     def ignored(self, path: Path, is_dir: bool) -> bool:
         for base, spec in reversed(self.specs):
-            relative = path.relative_to(base).as_posix() + ("/" if is_dir else "")
-            decision = spec.check_file(relative).include
+            decision = _own_match(spec, path.relative_to(base).as_posix(), is_dir)
             if decision is not None:
                 return decision
         return False
@@ -121,4 +121,24 @@ def _excluded(spec, path: Path, root: Path, is_dir: bool) -> bool:
         relative = path.relative_to(root).as_posix()
     except ValueError:
         relative = path.name
-    return spec.match_file(relative + ("/" if is_dir else ""))
+    return bool(_own_match(spec, relative, is_dir))
+
+
+def _own_match(spec, relative: str, is_dir: bool) -> bool | None:
+    """The spec's decision for this entry itself (None: no pattern applies).
+
+    Only patterns that match the entry's own name count, not ones that match because a parent
+    directory matches: the walk reaches a matched parent only when the user named it (or a
+    directory inside it), and then, as in ruff, its contents are linted.
+    """
+    path = relative + ("/" if is_dir else "")
+    if not spec.check_file(path).include:
+        return spec.check_file(path).include
+    decision = None
+    for pattern in spec.patterns:
+        if pattern.include is None:
+            continue
+        result = pattern.match_file(path)
+        if result is not None and result.match.end() == len(path):
+            decision = pattern.include
+    return decision

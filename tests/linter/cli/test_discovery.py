@@ -70,3 +70,12 @@ def test_notebooks_are_skipped_with_a_note(tmp_path):
 def test_duplicates_are_linted_once(tmp_path):
     write(tmp_path, "a.py")
     assert found(tmp_path, "a.py", ".", "a.py") == ["a.py"]
+
+
+def test_a_named_excluded_directory_is_walked(tmp_path):
+    write(tmp_path, "pyproject.toml", '[tool.accel-lint]\nexclude = ["fixtures"]\n')
+    write(tmp_path, ".gitignore", "gen/\n")
+    write(tmp_path, "fixtures/ACL101/bad.py")
+    write(tmp_path, "fixtures/ACL101/fixtures/nested.py")
+    write(tmp_path, "gen/out.py")
+    assert found(tmp_path, "fixtures/ACL101", "gen") == ["fixtures/ACL101/bad.py", "gen/out.py"]
