@@ -22,11 +22,43 @@ class ParseFailure(Exception):
         self.column = column
 
 
+def parse(source: str):
+    """Parse with libcst; a syntax error becomes a `ParseFailure` with its position."""
+    import libcst as cst
+
+    try:
+        return cst.parse_module(source)
+    except cst.ParserSyntaxError as error:
+        raise ParseFailure(error.message, error.raw_line, error.raw_column) from None
+
+
 def analyze_source(source: str, path: str, codes: Collection[str]) -> list[Diagnostic]:
     """Run every selected rule that has a static check on one module's source text."""
-    raise NotImplementedError("being written: training-loop model and rules")
+    from linter.context import RuleContext
+    from linter.model import Model
+    from rules import ALL_RULES, rule_module
+
+    selected = [c for c in sorted(codes) if c in ALL_RULES and ALL_RULES[c].static]
+    checks = [(c, getattr(rule_module(c), "check", None)) for c in selected]
+    checks = [(c, check) for c, check in checks if check is not None]
+    module = parse(source)
+    if not checks:
+        return []
+    model = Model(module)
+    if not model.has_training_loop():
+        return []
+    diagnostics: list[Diagnostic] = []
+    for code, check in checks:
+        ctx = RuleContext(model, source, path, code)
+        check(ctx)
+        diagnostics.extend(ctx.diagnostics)
+    diagnostics.sort(key=lambda d: (d.start, d.code))
+    return diagnostics
 
 
 def describe_loops(source: str, path: str) -> dict:
     """What the linter understood about each training loop (for `--show-loops`)."""
-    raise NotImplementedError("being written: training-loop model")
+    from linter.model import Model
+    from linter.model.describe import describe
+
+    return describe(Model(parse(source)), path)

@@ -53,3 +53,124 @@ that was never given a loss (`_scale is None`) at the first `step` / `unscale_` 
 ACL101 before torch's assertion.
 """,
 )
+
+
+def check(ctx) -> None:
+    """Report raw backward calls in loops owned by an engine or an enabled GradScaler."""
+    model = ctx.model
+    has_engine = model.setup.constructs_engine()
+    for loop in model.loops:
+        scaler = _stepping_scaler(model, loop)
+        for site in loop.of_kind("backward"):
+            if _already_scaled(model, site):
+                continue
+            if scaler is not None:
+                _report_scaler(ctx, site, scaler)
+            elif has_engine and _flows_from_prepared(model, site):
+                _report_engine(ctx, site)
+
+
+def _stepping_scaler(model, loop) -> str | None:
+    """The enabled GradScaler whose step/unscale_ this loop calls."""
+    for site in loop.of_kind("scaler_step", "unscale"):
+        if model.scaler_role(site.receiver, site.stmt.scope) == "enabled":
+            return site.receiver
+    return None
+
+
+def _already_scaled(model, site) -> bool:
+    import libcst as cst
+
+    func = site.call.func
+    return isinstance(func, cst.Attribute) and (
+        model.scaled_loss(func.value, site.stmt.scope) is not None
+    )
+
+
+def _flows_from_prepared(model, site) -> bool:
+    """False only when the loss visibly comes from models that were never prepared."""
+    if not model.setup.prepared:
+        return True
+    flow = model.flow(site)
+    if flow is None or not flow.models:
+        return True
+    scope = site.stmt.scope
+    return any(model.is_prepared(name, scope) or name in scope.params for name in flow.models)
+
+
+def _loss_and_rest(ctx, site):
+    """(loss node, extra argument text) or None when the call cannot be rewritten safely."""
+    import libcst as cst
+
+    call = site.call
+    args = list(call.args)
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward":
+        loss = call.func.value
+    elif args and args[0].keyword is None and not args[0].star:
+        loss, args = args[0].value, args[1:]
+        if isinstance(loss, (cst.List, cst.Tuple)):
+            return None
+    else:
+        return None
+    if any(a.keyword is None for a in args):
+        return None
+    rest = "".join(f", {a.keyword.value}={ctx.text(a.value)}" for a in args)
+    return loss, rest
+
+
+def _report_engine(ctx, site) -> None:
+    from linter.context import make_fix
+    from linter.model.cst_util import code, strip_parens
+
+    model = ctx.model
+    engine = model.engine_in_scope(site.stmt.scope)
+    name = engine or "accelerator"
+    fix = None
+    parts = _loss_and_rest(ctx, site)
+    if engine is not None and parts is not None:
+        loss, rest = parts
+        loss = _without_engine_division(model, engine, strip_parens(loss))
+        edit = ctx.replace(site.call, f"{engine}.backward({code(loss)}{rest})")
+        fix = make_fix(f"Use `{engine}.backward(...)`", edit)
+    ctx.report(
+        site.call,
+        f"raw backward bypasses `{name}.backward(loss)`: no division by the accumulation "
+        "steps and no fp16 loss scaling",
+        fix,
+    )
+
+
+def _without_engine_division(model, engine: str, loss):
+    """`loss / K` -> `loss` when K is the engine's own accumulation value (it divides too)."""
+    import libcst as cst
+
+    from linter.model.cst_util import code, int_value, strip_parens
+
+    if not (isinstance(loss, cst.BinaryOperation) and isinstance(loss.operator, cst.Divide)):
+        return loss
+    divisor = code(strip_parens(loss.right))
+    configured = model.engine_k(engine)
+    spellings = {f"{engine}.gradient_accumulation_steps"}
+    if configured is not None and int_value(configured) != 1:
+        spellings.add(code(configured))
+    if divisor in spellings:
+        return strip_parens(loss.left)
+    return loss
+
+
+def _report_scaler(ctx, site, scaler: str) -> None:
+    from linter.context import make_fix
+    from linter.model.cst_util import code, strip_parens
+
+    parts = _loss_and_rest(ctx, site)
+    fix = None
+    if parts is not None:
+        loss = parts[0]
+        edit = ctx.replace(loss, f"{scaler}.scale({code(strip_parens(loss))})")
+        fix = make_fix(f"Scale the loss with `{scaler}.scale(...)`", edit)
+    ctx.report(
+        site.call,
+        f"backward of an unscaled loss in a loop that steps `{scaler}`: the fp16 gradients are "
+        f"never scaled (use `{scaler}.scale(loss).backward()`)",
+        fix,
+    )

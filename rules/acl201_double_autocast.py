@@ -53,3 +53,82 @@ The prepared model's forward pre-hook runs before the engine enters its own auto
 Nested user regions that do not wrap a prepared model are visible only to the linter.
 """,
 )
+
+
+def check(ctx) -> None:
+    """Report user autocast regions nested in another one or around a low-precision prepared
+    model."""
+    model = ctx.model
+    for region in model.regions:
+        if region.kind != "autocast" or not _enabled(region.call):
+            continue
+        outer = _enclosing_autocast(model, region)
+        if outer is not None:
+            _report_nested(ctx, region, outer)
+            continue
+        prepared = _prepared_call_inside(model, region)
+        if prepared is not None:
+            _report_prepared(ctx, region, *prepared)
+
+
+def _enabled(call) -> bool:
+    from linter.model.cst_util import is_false, keyword
+
+    return not is_false(keyword(call, "enabled"))
+
+
+def _enclosing_autocast(model, region):
+    inner = {id(f.node) for f in region.frames[:-1] if f.kind == "with"}
+    for other in model.regions:
+        if other is region or other.kind != "autocast" or not _enabled(other.call):
+            continue
+        if id(other.with_node) in inner:
+            return other
+    return None
+
+
+def _prepared_call_inside(model, region):
+    """(called name, engine) for a call of a prepared fp16/bf16 model inside the region."""
+    with_node = region.with_node
+    for call in model.calls:
+        if not any(f.node is with_node for f in call.stmt.frames):
+            continue
+        if not model.is_prepared(call.func, call.stmt.scope):
+            continue
+        prepared = model.setup.prepared[call.func]
+        engine = model.setup.engines.get(prepared.engine)
+        if engine is not None and engine.mixed_precision in ("fp16", "bf16"):
+            return call.func, engine
+    return None
+
+
+def _report_nested(ctx, region, outer) -> None:
+    from linter.context import make_fix
+
+    fix = None
+    if len(region.with_node.items) == 1 and region.item.asname is None:
+        fix = make_fix(
+            "Remove the inner autocast region",
+            ctx.unwrap_with(region.with_node),
+            applicability="unsafe",
+        )
+    ctx.report(
+        region.call,
+        f"autocast region nested inside another enabled autocast region (line "
+        f"{ctx.line_of(outer.call)}): the inner one overrides the outer, so one of them is "
+        "redundant or switches dtype mid-computation",
+        fix,
+    )
+
+
+def _report_prepared(ctx, region, called: str, engine) -> None:
+    from linter.context import make_fix
+
+    edit = ctx.replace(region.call, f"{engine.name}.autocast()")
+    ctx.report(
+        region.call,
+        f"autocast around `{called}`, which `{engine.name}` already runs in "
+        f"{engine.mixed_precision}: the loss and other code in this region also run in low "
+        f"precision instead of fp32 (use `{engine.name}.autocast()` or remove the region)",
+        make_fix(f"Use `{engine.name}.autocast()`", edit, applicability="unsafe"),
+    )

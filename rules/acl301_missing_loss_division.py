@@ -54,3 +54,74 @@ divides by k (or multiplies by 1/k), and no reduction of the gradient norm befor
 warns ACL301.
 """,
 )
+
+
+def check(ctx) -> None:
+    """Report undivided losses in manual accumulation loops (step gated every K micro-steps)."""
+    model = ctx.model
+    for loop in model.loops:
+        if not _manual_accumulation(loop) or loop.of_kind("engine_backward", "grad_div"):
+            continue
+        for site in loop.of_kind("backward"):
+            if model.regions_around(site.stmt, "accumulate"):
+                continue
+            if model.on_update_step(loop, site.stmt):
+                continue
+            flow = model.flow(site)
+            if flow is not None and flow.state == "undivided":
+                _report(ctx, loop, site)
+
+
+def _manual_accumulation(loop) -> bool:
+    from linter.model.cst_util import int_value
+
+    gate = loop.gate
+    if gate is None or gate.k is None or gate.kind not in ("modulo", "counter", "micro-loop"):
+        return False
+    value = int_value(gate.k)
+    return value is None or value > 1
+
+
+def _k_text(k) -> str:
+    import libcst as cst
+
+    from linter.model.cst_util import code
+
+    atoms = (cst.Name, cst.Attribute, cst.Integer, cst.Call, cst.Subscript)
+    return code(k) if isinstance(k, atoms) or k.lpar else f"({code(k)})"
+
+
+def _operand(loss) -> str:
+    """The loss as the left operand of `/`, parenthesised when it binds looser."""
+    import libcst as cst
+
+    from linter.model.cst_util import code, strip_parens
+
+    atoms = (cst.Name, cst.Attribute, cst.Call, cst.Subscript)
+    return code(loss) if isinstance(loss, atoms) else f"({code(strip_parens(loss))})"
+
+
+def _report(ctx, loop, site) -> None:
+    import libcst as cst
+
+    from linter.context import make_fix
+    from linter.model.cst_util import code
+
+    model = ctx.model
+    loss = model.loss_expr(site)
+    k = _k_text(loop.gate.k)
+    edit = None
+    if isinstance(loss, cst.Name):
+        edit = ctx.insert_line_before(site.stmt.line, f"{loss.value} = {loss.value} / {k}")
+    if edit is None:
+        divided = f"{_operand(loss)} / {k}"
+        receiver = site.call.func.value if isinstance(site.call.func, cst.Attribute) else None
+        edit = ctx.replace(loss, f"({divided})" if loss is receiver else divided)
+    where = ctx.line_of(loop.gate.node)
+    ctx.report(
+        site.call,
+        f"`{code(loss)}` is backpropagated undivided while the optimizer steps every {k} "
+        f"micro-steps: the window sums {k} mean losses (gradients {k}x too large)",
+        make_fix(f"Divide the loss by `{k}`", edit),
+        notes=(f"accumulation value K = {k} (step gate at line {where})",),
+    )

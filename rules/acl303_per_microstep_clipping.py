@@ -55,3 +55,82 @@ micro-step counter; a call on a non-sync micro-step raises ACL303 before torch's
 error can occur.
 """,
 )
+
+
+def check(ctx) -> None:
+    """Report clip/unscale calls that run on micro-steps where the optimizer does not step."""
+    model = ctx.model
+    for loop in model.loops:
+        for site in loop.of_kind("clip", "unscale"):
+            if model.on_update_step(loop, site.stmt):
+                continue
+            regions = model.regions_around(site.stmt, "accumulate")
+            if regions:
+                receiver = regions[-1].receiver or "accelerator"
+                _report(ctx, site, f"{receiver}.sync_gradients", f"`{receiver}.accumulate`")
+            elif _gated_manually(loop, site):
+                _report(ctx, site, _condition(loop.gate), "a manual accumulation loop")
+
+
+def _gated_manually(loop, site) -> bool:
+    from linter.model.cst_util import int_value
+
+    gate = loop.gate
+    if gate is None or gate.kind == "accumulate":
+        return False
+    if int_value(gate.k) is not None and int_value(gate.k) <= 1:
+        return False
+    if gate.kind == "micro-loop":
+        return any(f.node is gate.node for f in site.stmt.frames)
+    return True
+
+
+def _condition(gate) -> str | None:
+    """The step condition as text, when it can be repeated without side effects."""
+    import libcst as cst
+
+    from linter.model.cst_util import code, dotted, walk
+
+    if gate.test is None:
+        return None
+    for node in walk(gate.test):
+        if isinstance(node, cst.Call) and dotted(node.func) != "len":
+            return None
+        if isinstance(node, (cst.NamedExpr, cst.Await, cst.Yield, cst.Lambda)):
+            return None
+    text = code(gate.test)
+    return text if gate.holds else f"not ({text})"
+
+
+def _report(ctx, site, condition: str | None, where: str) -> None:
+    from linter.context import make_fix
+    from linter.model.cst_util import code
+
+    name = site.call.func
+    label = code(name.attr if hasattr(name, "attr") else name)
+    fix = None
+    if condition is not None and not _binds_name_read_elsewhere(site.stmt):
+        edit = ctx.wrap_in_if(site.stmt.line, condition)
+        fix = make_fix(f"Run it only when `{condition}`", edit)
+    hint = f"gate it on `{condition}`" if condition else "move it to the optimizer-step branch"
+    ctx.report(
+        site.call,
+        f"`{label}` runs on every micro-step in {where}, not only when the optimizer steps: "
+        f"it clips/unscales partial gradient sums ({hint})",
+        fix,
+    )
+
+
+def _binds_name_read_elsewhere(stmt) -> bool:
+    import libcst as cst
+
+    from linter.model.cst_util import walk
+
+    node = stmt.node
+    targets = []
+    if isinstance(node, cst.Assign):
+        targets = [t.target for t in node.targets]
+    elif isinstance(node, (cst.AnnAssign, cst.AugAssign)):
+        targets = [node.target]
+    names = {n.value for t in targets for n in walk(t) if isinstance(n, cst.Name)}
+    return any(stmt.scope.reads_elsewhere(name, stmt) for name in names)

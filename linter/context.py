@@ -1,0 +1,128 @@
+"""What a rule's `check(ctx)` receives: the model, the source, and ways to report and fix.
+
+Edits are computed on exact source ranges taken from the CST, so everything outside the edited
+range (comments, blank lines, formatting) stays byte-for-byte as it was.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from linter.model import Model
+from linter.types import Diagnostic, Edit, Fix, Position
+
+
+class RuleContext:
+    def __init__(self, model: Model, source: str, path: str, code: str) -> None:
+        self.model = model
+        self.source = source
+        self.path = path
+        self.code = code
+        self.lines = source.split("\n")
+        self.diagnostics: list[Diagnostic] = []
+
+    # reporting ----------------------------------------------------------------------
+    def report(
+        self,
+        node: cst.CSTNode | tuple[Position, Position],
+        message: str,
+        fix: Fix | None = None,
+        notes: tuple[str, ...] = (),
+    ) -> Diagnostic:
+        start, end = node if isinstance(node, tuple) else self.span(node)
+        diagnostic = Diagnostic(self.code, message, self.path, start, end, fix, notes)
+        self.diagnostics.append(diagnostic)
+        return diagnostic
+
+    def span(self, node: cst.CSTNode) -> tuple[Position, Position]:
+        found = self.model.positions.range(node)
+        start = Position(found.start.line, found.start.column)
+        return start, Position(found.end.line, found.end.column)
+
+    def text(self, node: cst.CSTNode) -> str:
+        """The exact source text of a node."""
+        start, end = self.span(node)
+        if start.line == end.line:
+            return self.lines[start.line - 1][start.column : end.column]
+        parts = [self.lines[start.line - 1][start.column :]]
+        parts.extend(self.lines[start.line : end.line - 1])
+        parts.append(self.lines[end.line - 1][: end.column])
+        return "\n".join(parts)
+
+    def line_of(self, node: cst.CSTNode) -> int:
+        return self.span(node)[0].line
+
+    # edits ----------------------------------------------------------------------------
+    @property
+    def indent_unit(self) -> str:
+        return self.model.module.default_indent
+
+    def indentation(self, line: int) -> str:
+        text = self.lines[line - 1]
+        return text[: len(text) - len(text.lstrip())]
+
+    def replace(self, node: cst.CSTNode, content: str) -> Edit:
+        start, end = self.span(node)
+        return Edit(start, end, content)
+
+    def insert_line_before(self, line_node: cst.CSTNode, content: str) -> Edit | None:
+        """Insert `content` as its own line above a statement line, at its indentation."""
+        if not isinstance(line_node, cst.SimpleStatementLine):
+            return None
+        line = self.line_of(line_node)
+        indent = self.indentation(line)
+        return Edit(Position(line, 0), Position(line, 0), f"{indent}{content}\n")
+
+    def _full_lines(self, node: cst.CSTNode) -> tuple[int, int]:
+        start, end = self.span(node)
+        return start.line, end.line
+
+    def wrap_in_if(self, line_node: cst.CSTNode, condition: str) -> Edit | None:
+        """Put a whole statement line (comments included) under `if condition:`."""
+        if not isinstance(line_node, cst.SimpleStatementLine) or len(line_node.body) != 1:
+            return None
+        first, last = self._full_lines(line_node)
+        indent = self.indentation(first)
+        if self.lines[first - 1][: len(indent)] != indent or not self._starts_line(line_node):
+            return None
+        body = [
+            (self.indent_unit + text) if text.strip() else text
+            for text in self.lines[first - 1 : last]
+        ]
+        content = f"{indent}if {condition}:\n" + "\n".join(body)
+        end = Position(last, len(self.lines[last - 1]))
+        return Edit(Position(first, 0), end, content)
+
+    def _starts_line(self, node: cst.CSTNode) -> bool:
+        start, _ = self.span(node)
+        return self.lines[start.line - 1][: start.column].strip() == ""
+
+    def unwrap_with(self, with_node: cst.With) -> Edit | None:
+        """Remove a one-line `with ...:` header and dedent its indented body one level."""
+        if not isinstance(with_node.body, cst.IndentedBlock) or not self._starts_line(with_node):
+            return None
+        first, last = self._full_lines(with_node)
+        body_first = self.line_of(with_node.body.body[0])
+        body_first -= len(with_node.body.body[0].leading_lines)
+        if body_first != first + 1:
+            return None  # a header spanning several lines
+        outer = self.indentation(first)
+        inner = self.indentation(self.line_of(with_node.body.body[0]))
+        if not inner.startswith(outer) or inner == outer:
+            return None
+        prefix = inner[len(outer) :]
+        body = []
+        for text in self.lines[body_first - 1 : last]:
+            if text.strip() and not text.startswith(outer + prefix):
+                return None  # e.g. a multi-line string at a lower indentation
+            body.append(outer + text[len(outer + prefix) :] if text.strip() else text)
+        end = Position(last, len(self.lines[last - 1]))
+        return Edit(Position(first, 0), end, "\n".join(body))
+
+
+def make_fix(message: str, *edits: Edit | None, applicability: str = "safe") -> Fix | None:
+    """A Fix from the edits, or None when any edit could not be made."""
+    if not edits or any(e is None for e in edits):
+        return None
+    ordered = tuple(sorted(edits, key=lambda e: (e.start, e.end)))
+    return Fix(applicability, message, ordered)

@@ -1,0 +1,332 @@
+"""The training-loop model: what a reviewer knows about a module before judging it.
+
+`Model(module)` is built once per file; rules ask it questions (which loop owns this backward,
+is this statement on the update step, which engine is in scope here) instead of re-walking the CST.
+"""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from linter.model.cst_util import code, dotted, last_part, method_call, positional
+from linter.model.dataflow import Flow, trace_loss
+from linter.model.functions import Def, Scope, ScopeCollector, Stmt, bound_arguments
+from linter.model.loops import (
+    Gate,
+    Region,
+    Site,
+    TrainingLoop,
+    find_training_loops,
+    update_gate,
+)
+from linter.model.names import Imports
+from linter.model.positions import Positions
+from linter.model.setup import ENGINE_CLASSES, Engine, SetupCollector
+
+__all__ = ["Model", "Site", "TrainingLoop", "Gate", "Region", "Flow", "Stmt", "Scope"]
+
+_ENGINE_NAME = re.compile(r"^(accelerator|accel|engine|model_engine|\w+_engine)$")
+_OPTIMIZER_NAME = re.compile(r"(^|_)(opt|optim|optimizer|optimiser)(s|_\w+|\d+)?$|optimizer")
+_SCHEDULER_NAME = re.compile(r"sched")
+_CLIP_FUNCTIONS = {"clip_grad_norm_", "clip_grad_value_", "clip_grad_norm"}
+_AUTOCAST = {
+    "torch.autocast",
+    "torch.amp.autocast",
+    "torch.cuda.amp.autocast",
+    "torch.cpu.amp.autocast",
+    "torch.amp.autocast_mode.autocast",
+}
+
+
+class Model:
+    def __init__(self, module: cst.Module) -> None:
+        self.module = module
+        self.positions = Positions(module)
+        collector = ScopeCollector(module)
+        self.scopes = collector.scopes
+        self.function_defs = collector.function_defs
+        self.imports = Imports()
+        for node in collector.imports:
+            self.imports.add(node)
+        self._defs: dict[str, list[Def]] = {}
+        for scope in self.scopes:
+            for name, defs in scope.defs.items():
+                self._defs.setdefault(name, []).extend(defs)
+        self.calls = [c for scope in self.scopes for c in scope.calls]
+        self.setup = SetupCollector(self.scopes, self.imports).setup
+        self._stepped = {code(positional(c.call)[0]) for c in self.calls if self._scaler_step(c)}
+        self.sites: dict[int, list[Site]] = {}
+        self.loops: list[TrainingLoop] = []
+        self.regions: list[Region] = []
+        for scope in self.scopes:
+            sites = [site for c in scope.calls if (site := self._site(c)) is not None]
+            sites += self._grad_divisions(scope)
+            sites.sort(key=lambda s: s.stmt.order)
+            self.sites[id(scope)] = sites
+            self.loops.extend(find_training_loops(scope, sites))
+            self.regions.extend(self._regions(scope))
+        for loop in self.loops:
+            if loop.gate is None:
+                loop.gate = self._accumulate_gate(loop)
+
+    # names and roles ---------------------------------------------------------------
+    def module_defs(self, text: str) -> list[Def]:
+        return self._defs.get(text, [])
+
+    def engine_for(self, text: str | None, scope: Scope | None = None) -> Engine | None:
+        """The engine an expression holds (a known one, or one recognised by name/annotation)."""
+        if not text:
+            return None
+        if text in self.setup.engines:
+            return self.setup.engines[text]
+        if scope is not None and text in scope.params:
+            annotation = scope.params[text].annotation
+            qual = self.imports.qualify(annotation.annotation) if annotation else None
+            if last_part(qual) in ENGINE_CLASSES:
+                return Engine(text, ENGINE_CLASSES[last_part(qual)], scope.params[text])
+            for arg in bound_arguments(scope, text, self.calls):
+                if dotted(arg) in self.setup.engines:
+                    return self.setup.engines[dotted(arg)]
+        if _ENGINE_NAME.match(last_part(text)):
+            return Engine(text, "accelerate" if "accel" in text else "unknown", cst.Name(text))
+        return None
+
+    def scaler_role(self, text: str | None, scope: Scope | None = None) -> str | None:
+        """ "enabled" / "disabled" for an expression holding a GradScaler, else None."""
+        if not text:
+            return None
+        known = self.setup.scalers.get(text)
+        if known is not None:
+            return "disabled" if known.enabled is False else "enabled"
+        if scope is not None and text in scope.params:
+            bound = [dotted(a) for a in bound_arguments(scope, text, self.calls)]
+            roles = {self.scaler_role(b) for b in bound if b}
+            if roles == {"disabled"}:
+                return "disabled"
+            if "enabled" in roles:
+                return "enabled"
+        if "scaler" in last_part(text).lower():
+            same = [s for s in self.setup.scalers.values() if last_part(s.name) == last_part(text)]
+            if same and all(s.enabled is False for s in same):
+                return "disabled"
+            return "enabled"
+        return None
+
+    def is_prepared(self, text: str | None, scope: Scope) -> bool:
+        """Whether a name in `scope` holds an object that went through `prepare(...)`."""
+        prepared = self.setup.prepared.get(text or "")
+        if prepared is None:
+            return False
+        if text in scope.defs and prepared.scope is not scope:
+            return any(d.value is prepared.node for d in scope.defs[text])
+        if text in scope.params and prepared.scope is not scope:
+            bound = bound_arguments(scope, text, self.calls)
+            return not bound or any(dotted(b) in self.setup.prepared for b in bound)
+        return True
+
+    def is_optimizer(self, text: str | None) -> bool:
+        if not text:
+            return False
+        if text in self.setup.optimizers or text in self._stepped:
+            return True
+        return bool(_OPTIMIZER_NAME.search(last_part(text).lower()))
+
+    def is_scheduler(self, text: str | None) -> bool:
+        if not text:
+            return False
+        return text in self.setup.schedulers or bool(_SCHEDULER_NAME.search(last_part(text)))
+
+    def local_function(self, func: cst.BaseExpression, scope: Scope) -> Scope | None:
+        """The module's own function (or method of the same class) a call refers to."""
+        text = dotted(func)
+        if text is None:
+            return None
+        if "." not in text:
+            candidates = [s for s in self.function_defs.get(text, ()) if s.class_name is None]
+        elif text.startswith("self.") and text.count(".") == 1 and scope.class_name:
+            name = text.split(".", 1)[1]
+            candidates = [
+                s for s in self.function_defs.get(name, ()) if s.class_name == scope.class_name
+            ]
+        else:
+            return None
+        return candidates[0] if len(candidates) == 1 else None
+
+    def engine_in_scope(self, scope: Scope) -> str | None:
+        """An expression for the engine usable at this point of `scope`, for autofixes."""
+        texts = [t for t, e in self.setup.engines.items() if e.kind in ("accelerate", "guard")]
+        for text in texts:
+            if text in scope.defs:
+                return text
+        for name in scope.params:
+            engine = self.engine_for(name, scope)
+            if engine is not None and engine.kind != "deepspeed":
+                return name
+        if scope.class_name is not None:
+            for text in texts:
+                if text.startswith("self.") and self._assigned_in_class(text, scope.class_name):
+                    return text
+        for text in texts:
+            if "." not in text and any(d.stmt.scope is self.scopes[0] for d in self._defs[text]):
+                return text
+        return None
+
+    def _assigned_in_class(self, text: str, class_name: str) -> bool:
+        return any(d.stmt.scope.class_name == class_name for d in self._defs.get(text, ()))
+
+    # sites --------------------------------------------------------------------------
+    def _scaler_step(self, c) -> bool:
+        return c.method == "step" and bool(positional(c.call)) and "scal" in (c.receiver or "")
+
+    def _site(self, c) -> Site | None:
+        scope = c.stmt.scope
+        method, receiver = c.method, c.receiver
+        qual = self.imports.qualify(c.call.func) or ""
+        kind = None
+        if method == "backward" and not self.imports.is_imported(c.call.func):
+            engine = self.engine_for(receiver, scope)
+            kind = "engine_backward" if engine is not None and c.call.args else "backward"
+        elif qual == "torch.autograd.backward":
+            kind = "backward"
+        elif method == "step":
+            kind = self._step_kind(receiver, scope)
+        elif method == "update" and self.scaler_role(receiver, scope):
+            kind = "scaler_update"
+        elif method == "unscale_" and self.scaler_role(receiver, scope):
+            kind = "unscale"
+        elif method == "unscale_gradients" and self.engine_for(receiver, scope):
+            kind = "unscale"
+        elif last_part(qual) in _CLIP_FUNCTIONS and self._is_clip(qual, method, receiver, scope):
+            kind = "clip"
+        elif method == "zero_grad":
+            kind = "zero_grad"
+        elif method in ("div_", "mul_") and ".grad" in (receiver or ""):
+            kind = "grad_div"
+        elif qual in ("torch._foreach_div_", "torch._foreach_mul_"):
+            kind = "grad_div"
+        if kind is None:
+            return None
+        return Site(kind, c.call, c.stmt, receiver)
+
+    def _step_kind(self, receiver: str | None, scope: Scope) -> str | None:
+        if self.scaler_role(receiver, scope):
+            return "scaler_step"
+        if self.is_scheduler(receiver):
+            return "sched_step"
+        if self.is_optimizer(receiver):
+            return "opt_step"
+        return None
+
+    def _is_clip(self, qual: str, method, receiver, scope: Scope) -> bool:
+        if method is None:
+            return qual.startswith("torch.nn.utils") or "." not in qual
+        if qual.startswith("torch.nn.utils"):
+            return True
+        return self.engine_for(receiver, scope) is not None or "model" in (receiver or "")
+
+    def _grad_divisions(self, scope: Scope) -> list[Site]:
+        """`p.grad /= N` / `p.grad *= 1 / N`: gradients divided instead of the loss."""
+        found = []
+        for name, defs in scope.defs.items():
+            if ".grad" in name or name.endswith("grad"):
+                for d in defs:
+                    if d.op in ("/=", "*=") or (d.op == "=" and "/" in code(d.value)):
+                        found.append(Site("grad_div", None, d.stmt, name, d.stmt.node))
+        return found
+
+    def _regions(self, scope: Scope) -> list[Region]:
+        regions = []
+        for with_node, frames in scope.withs:
+            for item in with_node.items:
+                call = item.item
+                if not isinstance(call, cst.Call):
+                    continue
+                kind = self._region_kind(call, scope)
+                if kind is not None:
+                    pair = method_call(call)
+                    receiver = dotted(pair[0]) if pair else None
+                    regions.append(Region(kind, with_node, item, call, receiver, frames))
+        return regions
+
+    def _region_kind(self, call: cst.Call, scope: Scope) -> str | None:
+        qual = self.imports.qualify(call.func) or ""
+        if qual in _AUTOCAST or (qual == "autocast"):
+            return "autocast"
+        pair = method_call(call)
+        if pair is None:
+            return None
+        receiver, method = dotted(pair[0]), pair[1]
+        if method == "no_sync":
+            return "no_sync"
+        if method in ("accumulate", "autocast") and self.engine_for(receiver, scope):
+            return "accumulate" if method == "accumulate" else "engine_autocast"
+        return None
+
+    def _accumulate_gate(self, loop: TrainingLoop) -> Gate | None:
+        """`with accelerator.accumulate(model):` gates the prepared optimizer's step."""
+        for site in loop.sites:
+            for region in self.regions_around(site.stmt, "accumulate"):
+                return Gate("accumulate", self.engine_k(region.receiver), region.with_node)
+        return None
+
+    # questions rules ask ------------------------------------------------------------------
+    def has_training_loop(self) -> bool:
+        return bool(self.loops)
+
+    def loop_sites(self, loop: TrainingLoop, *kinds: str) -> list[Site]:
+        return loop.of_kind(*kinds)
+
+    def regions_around(self, stmt: Stmt, kind: str) -> list[Region]:
+        frames = {id(f.node) for f in stmt.frames if f.kind == "with"}
+        return [r for r in self.regions if r.kind == kind and id(r.with_node) in frames]
+
+    def on_update_step(self, loop: TrainingLoop, stmt: Stmt) -> bool:
+        """Whether the statement runs only when the optimizer steps."""
+        frames = loop.frames_of(stmt)
+        if any(update_gate(f, loop.counters) is not None for f in frames):
+            return True
+        step_frames = [
+            (id(f.node), f.holds)
+            for step in loop.steps
+            for f in loop.frames_of(step.stmt)
+            if f.kind == "if"
+        ]
+        return any((id(f.node), f.holds) in step_frames for f in frames if f.kind == "if")
+
+    def flow(self, site: Site) -> Flow | None:
+        """The dataflow of the loss of a backward site."""
+        loss = self.loss_expr(site)
+        if loss is None:
+            return None
+        return trace_loss(self, site.stmt.scope, loss, site.stmt)
+
+    def loss_expr(self, site: Site) -> cst.BaseExpression | None:
+        call = site.call
+        if call is None:
+            return None
+        if site.kind == "engine_backward" or not isinstance(call.func, cst.Attribute):
+            args = positional(call)
+            return args[0] if args else None
+        receiver = call.func.value
+        scaled = self.scaled_loss(receiver, site.stmt.scope)
+        return scaled if scaled is not None else receiver
+
+    def scaled_loss(self, node: cst.CSTNode, scope: Scope) -> cst.BaseExpression | None:
+        """`X` in `scaler.scale(X)`."""
+        pair = method_call(node)
+        if pair is not None and pair[1] == "scale" and positional(node):
+            if self.scaler_role(dotted(pair[0]), scope) is not None or "scal" in code(pair[0]):
+                return positional(node)[0]
+        return None
+
+    def engine_k(self, engine_text: str | None = None) -> cst.BaseExpression | None:
+        """The accumulation value given to an engine (the first configured one by default)."""
+        engines = [e for e in self.setup.engines.values() if e.accum is not None]
+        if engine_text is not None:
+            engines = [e for e in engines if e.name == engine_text] or engines
+        return engines[0].accum if engines else None
+
+    def line(self, node: cst.CSTNode) -> int:
+        return self.positions.line(node)

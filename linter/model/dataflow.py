@@ -1,0 +1,255 @@
+"""The dataflow of a loss into its backward: was it divided on the way, and by what?
+
+The answer is three-valued on purpose. "divided" means some division (by K, a token count, an item
+count) is visible; "undivided" means every path ends in a model or loss-function output with no
+division; "unknown" means a call the linter cannot see into, where a rule must stay silent.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from linter.model.cst_util import code, dotted, int_value, method_call, positional
+from linter.model.functions import Def, Scope, Stmt
+
+if TYPE_CHECKING:
+    from linter.model import Model
+
+DIVIDED, UNDIVIDED, UNKNOWN = "divided", "undivided", "unknown"
+_DIV_METHODS = {"div", "div_", "divide", "true_divide"}
+_PASS_METHODS = {
+    "mean",
+    "sum",
+    "float",
+    "double",
+    "half",
+    "bfloat16",
+    "to",
+    "squeeze",
+    "clone",
+    "contiguous",
+    "view",
+    "reshape",
+    "cuda",
+    "cpu",
+}
+_LOSS_FN_NAME = re.compile(r"^(crit(erion)?\w*|loss_(fn|fct|func|function)|lossfn|\w*_criterion)$")
+_MAX_DEPTH = 4
+
+
+@dataclass
+class Flow:
+    state: str
+    steps: list[tuple[str, Stmt]] = field(default_factory=list)
+    divisors: list[cst.BaseExpression] = field(default_factory=list)
+    models: set[str] = field(default_factory=set)
+
+
+def _combine(*states: str) -> str:
+    if DIVIDED in states:
+        return DIVIDED
+    if UNKNOWN in states:
+        return UNKNOWN
+    return UNDIVIDED
+
+
+def _is_reciprocal(node: cst.CSTNode) -> bool:
+    """`1 / K` or `1.0 / K`."""
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide):
+        left = node.left
+        return (isinstance(left, cst.Integer) and int_value(left) == 1) or (
+            isinstance(left, cst.Float) and float(left.value) == 1.0
+        )
+    return False
+
+
+def _is_number(node: cst.CSTNode) -> bool:
+    return isinstance(node, (cst.Integer, cst.Float))
+
+
+class Tracer:
+    """Follows one loss expression backwards through assignments in its function."""
+
+    def __init__(self, model: Model, scope: Scope) -> None:
+        self.model = model
+        self.scope = scope
+        self.flow = Flow(UNKNOWN)
+        self._seen: set[int] = set()
+
+    def trace(self, expr: cst.BaseExpression, order: int) -> Flow:
+        self.flow.state = self._expr(expr, self.scope, order, 0, None)
+        self.flow.steps.sort(key=lambda step: step[1].order)
+        return self.flow
+
+    # expressions ---------------------------------------------------------------
+    def _expr(self, node, scope: Scope, order: int, depth: int, index: int | None) -> str:
+        if depth > _MAX_DEPTH:
+            return UNKNOWN
+        text = dotted(node)
+        if text is not None:
+            return self._name(node, text, scope, order, depth, index)
+        if isinstance(node, cst.BinaryOperation):
+            return self._binary(node, scope, order, depth)
+        if isinstance(node, cst.Call):
+            return self._call(node, scope, order, depth, index)
+        if isinstance(node, cst.Attribute):
+            return self._expr(node.value, scope, order, depth, None)
+        if isinstance(node, cst.Subscript):
+            return self._expr(node.value, scope, order, depth, None)
+        if isinstance(node, cst.Tuple) and index is not None and index < len(node.elements):
+            return self._expr(node.elements[index].value, scope, order, depth, None)
+        return UNKNOWN
+
+    def _name(self, node, text: str, scope: Scope, order: int, depth: int, index) -> str:
+        defs = scope.defs_before(text, order)
+        if defs:
+            return self._def(defs[-1], scope, depth)
+        if isinstance(node, cst.Attribute):
+            return self._expr(node.value, scope, order, depth, None)
+        return UNKNOWN
+
+    def _def(self, d: Def, scope: Scope, depth: int) -> str:
+        if id(d) in self._seen:
+            return UNKNOWN
+        self._seen.add(id(d))
+        if scope is self.scope:
+            self.flow.steps.append((code(d.stmt.node), d.stmt))
+        order = d.stmt.order
+        if d.op == "=":
+            return self._expr(d.value, scope, order, depth, d.tuple_index)
+        previous = self._previous(d, scope, depth)
+        if d.op in ("/=", "//="):
+            if int_value(d.value) == 1:
+                return previous
+            self.flow.divisors.append(d.value)
+            return DIVIDED
+        if d.op == "*=":
+            if _is_reciprocal(d.value) or self._holds_reciprocal(d.value, scope, order):
+                self.flow.divisors.append(d.value)
+                return DIVIDED
+            if _is_number(d.value):
+                return previous
+            return _combine(previous, self._expr(d.value, scope, order, depth, None))
+        if d.op in ("+=", "-="):
+            return _combine(previous, self._expr(d.value, scope, order, depth, None))
+        return UNKNOWN
+
+    def _previous(self, d: Def, scope: Scope, depth: int) -> str:
+        defs = scope.defs_before(d.target, d.stmt.order)
+        return self._def(defs[-1], scope, depth) if defs else UNKNOWN
+
+    def _holds_reciprocal(self, node, scope: Scope, order: int) -> bool:
+        text = dotted(node)
+        if text is None:
+            return False
+        defs = scope.defs_before(text, order) or self.model.module_defs(text)
+        return bool(defs) and defs[-1].op == "=" and _is_reciprocal(defs[-1].value)
+
+    def _binary(self, node: cst.BinaryOperation, scope: Scope, order: int, depth: int) -> str:
+        op = node.operator
+        if isinstance(op, (cst.Divide, cst.FloorDivide)):
+            left = self._expr(node.left, scope, order, depth, None)
+            if int_value(node.right) == 1:
+                return left
+            self.flow.divisors.append(node.right)
+            return DIVIDED
+        if isinstance(op, cst.Multiply):
+            for mine, other in ((node.left, node.right), (node.right, node.left)):
+                if _is_reciprocal(other) or self._holds_reciprocal(other, scope, order):
+                    self._expr(mine, scope, order, depth, None)
+                    self.flow.divisors.append(other)
+                    return DIVIDED
+                if _is_number(other):
+                    return self._expr(mine, scope, order, depth, None)
+            return _combine(
+                self._expr(node.left, scope, order, depth, None),
+                self._expr(node.right, scope, order, depth, None),
+            )
+        if isinstance(op, (cst.Add, cst.Subtract)):
+            return _combine(
+                self._expr(node.left, scope, order, depth, None),
+                self._expr(node.right, scope, order, depth, None),
+            )
+        return UNKNOWN
+
+    # calls -------------------------------------------------------------------------
+    def _call(self, node: cst.Call, scope: Scope, order: int, depth: int, index) -> str:
+        pair = method_call(node)
+        qual = self.model.imports.qualify(node.func) or ""
+        if qual in ("torch.div", "torch.true_divide", "torch.divide"):
+            self.flow.divisors.extend(positional(node)[1:2])
+            return DIVIDED
+        if qual in ("torch.mean", "torch.sum") and positional(node):
+            return self._expr(positional(node)[0], scope, order, depth, None)
+        if pair is not None and not self.model.imports.is_imported(node.func):
+            receiver, method = pair
+            if method in _DIV_METHODS:
+                self.flow.divisors.extend(positional(node)[:1])
+                return DIVIDED
+            if method in ("mul", "mul_") and positional(node):
+                factor = positional(node)[0]
+                if _is_reciprocal(factor) or self._holds_reciprocal(factor, scope, order):
+                    self.flow.divisors.append(factor)
+                    return DIVIDED
+            if method in _PASS_METHODS:
+                return self._expr(receiver, scope, order, depth, None)
+        local = self.model.local_function(node.func, scope)
+        if local is not None:
+            return self._returns(local, depth, index)
+        if qual.startswith("torch.nn.functional.") or self._is_loss_object(node.func, scope):
+            self._args(node, scope, order, depth)
+            return UNDIVIDED
+        if self._is_object(node.func, scope, order):
+            self.flow.models.add(code(node.func))
+            self._args(node, scope, order, depth)
+            return UNDIVIDED
+        return UNKNOWN
+
+    def _args(self, node: cst.Call, scope: Scope, order: int, depth: int) -> None:
+        """Trace arguments only to learn which models the loss comes from."""
+        for arg in node.args:
+            self._expr(arg.value, scope, order, depth + 1, None)
+
+    def _returns(self, scope: Scope, depth: int, index: int | None) -> str:
+        if not scope.returns:
+            return UNKNOWN
+        states = []
+        for value, stmt in scope.returns:
+            states.append(self._expr(value, scope, stmt.order + 1, depth + 1, index))
+        return _combine(*states)
+
+    def _is_loss_object(self, func, scope: Scope) -> bool:
+        text = dotted(func)
+        if text is None:
+            return False
+        if _LOSS_FN_NAME.match(text.rsplit(".", 1)[-1]):
+            return True
+        defs = scope.defs.get(text) or self.model.module_defs(text)
+        for d in defs or ():
+            if isinstance(d.value, cst.Call):
+                qual = self.model.imports.qualify(d.value.func) or ""
+                if qual.startswith("torch.nn.") and qual.endswith("Loss"):
+                    return True
+        return False
+
+    def _is_object(self, func, scope: Scope, order: int) -> bool:
+        """A call of an object held in a variable: a model, not a function we cannot see."""
+        text = dotted(func)
+        if text is None or self.model.imports.is_imported(func):
+            return False
+        if text in self.model.setup.prepared or text in self.model.setup.ddp_models:
+            return True
+        if "." not in text:
+            return bool(scope.defs.get(text)) or text in scope.params
+        head = text.split(".", 1)[0]
+        if head == "self" and text.count(".") == 1:
+            return bool(self.model.module_defs(text))
+        return False
+
+
+def trace_loss(model: Model, scope: Scope, expr: cst.BaseExpression, stmt: Stmt) -> Flow:
+    return Tracer(model, scope).trace(expr, stmt.order)

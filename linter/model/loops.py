@@ -1,0 +1,207 @@
+"""Training loops: the loop that owns each backward, its step branch, and the value K.
+
+A training loop is the innermost loop around a backward that also holds an optimizer or scaler
+step (nanoGPT's `for micro_step in range(K)` sits inside it as a micro-step loop), or the
+innermost loop around the backward when no step is visible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from linter.model.cst_util import code, dotted, int_value, positional
+from linter.model.functions import Frame, Scope, Stmt
+
+STEP_KINDS = ("opt_step", "scaler_step")
+BACKWARD_KINDS = ("backward", "engine_backward")
+
+
+@dataclass(eq=False)
+class Site:
+    """A call the rules care about, e.g. kind "backward" for `loss.backward()`."""
+
+    kind: str
+    call: cst.Call | None
+    stmt: Stmt
+    receiver: str | None = None
+    node: cst.CSTNode | None = None  # the reported node when it is not a call (`p.grad /= N`)
+
+
+@dataclass(eq=False)
+class Gate:
+    """What makes a statement run only on the update step.
+
+    kind: "modulo" (`(i + 1) % K == 0`), "counter" (`if micro == K:`), "sync"
+    (`accelerator.sync_gradients`), "micro-loop" (`for _ in range(K)` around the backward).
+    """
+
+    kind: str
+    k: cst.BaseExpression | None
+    node: cst.CSTNode  # the If, the early-exit If, or the micro-step loop
+    test: cst.BaseExpression | None = None
+    holds: bool = True  # False for an early exit: the update step is where `test` fails
+
+
+@dataclass(eq=False)
+class Region:
+    kind: str  # "accumulate" | "autocast" | "engine_autocast" | "no_sync"
+    with_node: cst.With
+    item: cst.WithItem
+    call: cst.Call
+    receiver: str | None
+    frames: tuple[Frame, ...]
+
+
+@dataclass(eq=False)
+class TrainingLoop:
+    node: cst.For | cst.While
+    scope: Scope
+    sites: list[Site] = field(default_factory=list)
+    micro_loop: cst.CSTNode | None = None
+    gate: Gate | None = None
+    counters: set[str] = field(default_factory=set)
+
+    def of_kind(self, *kinds: str) -> list[Site]:
+        return [s for s in self.sites if s.kind in kinds]
+
+    @property
+    def backwards(self) -> list[Site]:
+        return self.of_kind(*BACKWARD_KINDS)
+
+    @property
+    def steps(self) -> list[Site]:
+        return self.of_kind(*STEP_KINDS)
+
+    def frames_of(self, stmt: Stmt) -> tuple[Frame, ...]:
+        return stmt.frames_inside(self.node)
+
+
+def find_training_loops(scope: Scope, sites: list[Site]) -> list[TrainingLoop]:
+    loops: dict[int, TrainingLoop] = {}
+    for site in sites:
+        if site.kind not in BACKWARD_KINDS:
+            continue
+        chain = site.stmt.loops()
+        if not chain:
+            continue
+        owner = _owner(chain, sites)
+        loop = loops.get(id(owner))
+        if loop is None:
+            loop = loops[id(owner)] = TrainingLoop(owner, scope)
+            loop.sites = [s for s in sites if any(f.node is owner for f in s.stmt.frames)]
+            loop.counters = _counters(scope, owner)
+        index = chain.index(owner)
+        if index + 1 < len(chain) and loop.micro_loop is None:
+            loop.micro_loop = chain[index + 1]
+    for loop in loops.values():
+        loop.gate = _step_gate(loop)
+    return sorted(loops.values(), key=lambda lp: _first_order(lp))
+
+
+def _first_order(loop: TrainingLoop) -> int:
+    return min((s.stmt.order for s in loop.sites), default=0)
+
+
+def _owner(chain: list[cst.CSTNode], sites: list[Site]) -> cst.CSTNode:
+    for candidate in reversed(chain):
+        for s in sites:
+            if s.kind in STEP_KINDS and any(f.node is candidate for f in s.stmt.frames):
+                return candidate
+    return chain[-1]
+
+
+def _counters(scope: Scope, loop: cst.CSTNode) -> set[str]:
+    """Names incremented by one inside the loop (manual micro-step counters)."""
+    found = set()
+    for name, defs in scope.defs.items():
+        for d in defs:
+            if d.op == "+=" and int_value(d.value) == 1:
+                if any(f.node is loop for f in d.stmt.frames):
+                    found.add(name)
+    return found
+
+
+def _step_gate(loop: TrainingLoop) -> Gate | None:
+    for step in loop.steps:
+        for frame in reversed(loop.frames_of(step.stmt)):
+            gate = update_gate(frame, loop.counters)
+            if gate is not None:
+                return gate
+    if loop.micro_loop is not None:
+        k = None
+        node = loop.micro_loop
+        if isinstance(node, cst.For) and isinstance(node.iter, cst.Call):
+            if dotted(node.iter.func) == "range" and len(positional(node.iter)) == 1:
+                k = positional(node.iter)[0]
+        return Gate("micro-loop", k, node)
+    return None
+
+
+def update_gate(frame: Frame, counters: set[str]) -> Gate | None:
+    """The gate when `frame` lets only update steps through, else None."""
+    if frame.kind not in ("if", "exit"):
+        return None
+    found = _classify(frame.test, frame.holds, counters)
+    if found is None:
+        return None
+    kind, k = found
+    return Gate(kind, k, frame.node, frame.test, frame.holds)
+
+
+def _classify(test, holds: bool, counters: set[str]):
+    """(kind, K) when `test` having truth value `holds` means "this is an update step"."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return _classify(test.expression, not holds, counters)
+    if isinstance(test, cst.BooleanOperation):
+        # Compound gates (`(i + 1) % K == 0 or i + 1 == len(dl)`) gate on either side.
+        return _classify(test.left, holds, counters) or _classify(test.right, holds, counters)
+    if isinstance(test, cst.Attribute) and test.attr.value == "sync_gradients":
+        return ("sync", None) if holds else None
+    if isinstance(test, cst.BinaryOperation) and isinstance(test.operator, cst.Modulo):
+        return _modulo(test, not holds)
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        return _comparison(test, holds, counters)
+    return None
+
+
+def _modulo(node: cst.BinaryOperation, is_update: bool):
+    k = node.right
+    value = int_value(k)
+    if value is not None and value <= 1:
+        return None
+    return ("modulo", k) if is_update else None
+
+
+def _find_modulo(node: cst.CSTNode) -> cst.BinaryOperation | None:
+    if isinstance(node, cst.BinaryOperation):
+        if isinstance(node.operator, cst.Modulo):
+            return node
+        return _find_modulo(node.left) or _find_modulo(node.right)
+    return None
+
+
+def _comparison(test: cst.Comparison, holds: bool, counters: set[str]):
+    target = test.comparisons[0]
+    operator = target.operator
+    equal = isinstance(operator, cst.Equal)
+    not_equal = isinstance(operator, cst.NotEqual)
+    modulo = _find_modulo(test.left) or _find_modulo(target.comparator)
+    if modulo is not None and (equal or not_equal):
+        return _modulo(modulo, holds if equal else not holds)
+    left = dotted(test.left)
+    if left in counters:
+        at_least = isinstance(operator, (cst.GreaterThanEqual, cst.Equal))
+        below = isinstance(operator, cst.LessThan)
+        k = target.comparator
+        value = int_value(k)
+        if value is not None and value <= 1:
+            return None
+        if (at_least and holds) or (below and not holds):
+            return ("counter", k)
+    return None
+
+
+def k_text(gate: Gate | None) -> str | None:
+    return code(gate.k) if gate is not None and gate.k is not None else None

@@ -1,0 +1,193 @@
+"""Setup facts: which names hold an engine, a GradScaler, optimizers, schedulers, DDP models,
+and which objects went through `prepare(...)`.
+
+Names are keyed by their expression text (`accelerator`, `self.accelerator`), module-wide: a
+training script rarely reuses one name for two different roles.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from linter.model.cst_util import (
+    code,
+    dotted,
+    has_star_kwargs,
+    is_false,
+    keyword,
+    last_part,
+    method_call,
+    positional,
+    string_value,
+)
+from linter.model.functions import Def, Scope
+from linter.model.names import Imports
+
+ENGINE_CLASSES = {"Accelerator": "accelerate", "Engine": "guard"}
+_PRECISIONS = {"fp16", "bf16", "no", "fp8"}
+
+
+@dataclass(eq=False)
+class Engine:
+    name: str
+    kind: str  # "accelerate" | "guard" | "deepspeed"
+    node: cst.CSTNode
+    mixed_precision: str | None = None  # literal value, None when not statically known
+    accum: cst.BaseExpression | None = None  # the gradient_accumulation_steps expression
+
+
+@dataclass(eq=False)
+class Scaler:
+    name: str
+    node: cst.CSTNode
+    enabled: bool | None  # False only for a literal `enabled=False`; None: decided at runtime
+
+
+@dataclass(eq=False)
+class Prepared:
+    name: str
+    original: str
+    engine: str
+    node: cst.CSTNode
+    scope: Scope | None = None
+
+
+@dataclass
+class Setup:
+    engines: dict[str, Engine] = field(default_factory=dict)
+    scalers: dict[str, Scaler] = field(default_factory=dict)
+    optimizers: dict[str, cst.CSTNode] = field(default_factory=dict)
+    schedulers: dict[str, cst.CSTNode] = field(default_factory=dict)
+    ddp_models: dict[str, cst.CSTNode] = field(default_factory=dict)
+    prepared: dict[str, Prepared] = field(default_factory=dict)
+
+    def constructs_engine(self) -> bool:
+        return any(e.kind in ("accelerate", "guard") for e in self.engines.values())
+
+
+_OPTIMIZER_FACTORIES = re.compile(r"(^|\.)(create_optimizer\w*|configure_optimizers)$")
+_SCHEDULER_FACTORIES = re.compile(r"(^|\.)(get_\w*schedule\w*|get_scheduler)$")
+
+
+def _callee_kind(qual: str) -> str | None:
+    """What a constructor call builds, from its qualified name."""
+    last = last_part(qual)
+    if last in ("GradScaler", "ShardedGradScaler"):
+        return "scaler"
+    if last in ENGINE_CLASSES and (qual == last or qual.split(".")[0] in ("accelerate", "guard")):
+        return ENGINE_CLASSES[last]
+    if last in ("DistributedDataParallel", "DDP", "FullyShardedDataParallel", "FSDP"):
+        return "ddp"
+    if qual.startswith("torch.optim.lr_scheduler.") or _SCHEDULER_FACTORIES.search(qual):
+        return "scheduler"
+    if _OPTIMIZER_FACTORIES.search(qual):
+        return "optimizer"
+    if qual.startswith(("torch.optim.", "bnb.optim.", "bitsandbytes.optim.")):
+        return "optimizer"
+    if qual in ("transformers.AdamW", "transformers.optimization.AdamW", "AdamW", "Adafactor"):
+        return "optimizer"
+    return None
+
+
+def _constructors(value: cst.BaseExpression | None) -> list[cst.Call]:
+    """The calls a value may evaluate to (`X(...)`, `X(...) if c else None`)."""
+    if isinstance(value, cst.Call):
+        return [value]
+    if isinstance(value, cst.IfExp):
+        return _constructors(value.body) + _constructors(value.orelse)
+    return []
+
+
+class SetupCollector:
+    def __init__(self, scopes: list[Scope], imports: Imports) -> None:
+        self.imports = imports
+        self.setup = Setup()
+        self._plugins: dict[str, cst.BaseExpression] = {}
+        defs = [d for scope in scopes for ds in scope.defs.values() for d in ds]
+        defs.sort(key=lambda d: d.stmt.order)
+        for d in defs:
+            self._plugin(d)
+        for d in defs:
+            self._constructed(d)
+        for d in defs:
+            self._prepared(d)
+
+    def _plugin(self, d: Def) -> None:
+        for call in _constructors(d.value):
+            if last_part(self.imports.qualify(call.func)) == "GradientAccumulationPlugin":
+                steps = keyword(call, "num_steps")
+                if steps is not None:
+                    self._plugins[d.target] = steps
+
+    def _constructed(self, d: Def) -> None:
+        if d.op != "=":
+            return
+        for call in _constructors(d.value):
+            qual = self.imports.qualify(call.func) or ""
+            if last_part(qual) == "initialize" and qual.startswith("deepspeed"):
+                if d.tuple_index in (0, None):
+                    self.setup.engines[d.target] = Engine(d.target, "deepspeed", call)
+                continue
+            kind = _callee_kind(qual)
+            if d.tuple_index is not None and kind != "optimizer":
+                continue
+            if kind in ("accelerate", "guard"):
+                self.setup.engines[d.target] = self._engine(d.target, kind, call)
+            elif kind == "scaler":
+                enabled = keyword(call, "enabled")
+                state = None if enabled is not None and not _is_true(enabled) else True
+                if is_false(enabled):
+                    state = False
+                self.setup.scalers[d.target] = Scaler(d.target, call, state)
+            elif kind == "optimizer":
+                self.setup.optimizers[d.target] = call
+            elif kind == "scheduler":
+                self.setup.schedulers[d.target] = call
+            elif kind == "ddp":
+                self.setup.ddp_models[d.target] = call
+
+    def _engine(self, name: str, kind: str, call: cst.Call) -> Engine:
+        engine = Engine(name, kind, call)
+        precision = keyword(call, "mixed_precision")
+        value = string_value(precision)
+        if value in _PRECISIONS:
+            engine.mixed_precision = value
+        elif precision is None and _is_true(keyword(call, "fp16")):
+            engine.mixed_precision = "fp16"
+        if has_star_kwargs(call):
+            engine.mixed_precision = None
+        engine.accum = keyword(call, "gradient_accumulation_steps")
+        plugin = keyword(call, "gradient_accumulation_plugin")
+        if engine.accum is None and plugin is not None:
+            if isinstance(plugin, cst.Call):
+                engine.accum = keyword(plugin, "num_steps")
+            else:
+                engine.accum = self._plugins.get(dotted(plugin) or "")
+        return engine
+
+    def _prepared(self, d: Def) -> None:
+        if d.op != "=" or not isinstance(d.value, cst.Call):
+            return
+        pair = method_call(d.value)
+        if pair is None or pair[1] not in ("prepare", "prepare_model"):
+            return
+        engine = dotted(pair[0]) or ""
+        if engine not in self.setup.engines and "accelerat" not in engine:
+            return
+        args = positional(d.value)
+        index = d.tuple_index if d.tuple_index is not None else 0
+        if index < len(args) and (d.tuple_index is not None or len(args) == 1):
+            original = code(args[index])
+            self.setup.prepared[d.target] = Prepared(
+                d.target, original, engine, d.value, d.stmt.scope
+            )
+            for table in (self.setup.optimizers, self.setup.schedulers, self.setup.ddp_models):
+                if original in table:
+                    table.setdefault(d.target, table[original])
+
+
+def _is_true(node: cst.CSTNode | None) -> bool:
+    return isinstance(node, cst.Name) and node.value == "True"
