@@ -77,14 +77,16 @@ class RuleContext:
         start, end = self.span(node)
         return start.line, end.line
 
-    def wrap_in_if(self, line_node: cst.CSTNode, condition: str) -> Edit | None:
-        """Put a whole statement line (comments included) under `if condition:`."""
-        if not isinstance(line_node, cst.SimpleStatementLine) or len(line_node.body) != 1:
-            return None
-        first, last = self._full_lines(line_node)
+    def wrap_in_if(self, line_nodes: list[cst.CSTNode], condition: str) -> Edit | None:
+        """Put whole statement lines (comments included) under one `if condition:`."""
+        for node in line_nodes:
+            if not isinstance(node, cst.SimpleStatementLine) or len(node.body) != 1:
+                return None
+            if not self._starts_line(node):
+                return None
+        first = self._full_lines(line_nodes[0])[0]
+        last = self._full_lines(line_nodes[-1])[1]
         indent = self.indentation(first)
-        if self.lines[first - 1][: len(indent)] != indent or not self._starts_line(line_node):
-            return None
         body = [
             (self.indent_unit + text) if text.strip() else text
             for text in self.lines[first - 1 : last]

@@ -124,11 +124,21 @@ def _report_nested(ctx, region, outer) -> None:
 def _report_prepared(ctx, region, called: str, engine) -> None:
     from linter.context import make_fix
 
-    edit = ctx.replace(region.call, f"{engine.name}.autocast()")
+    scope = _scope_of(ctx.model, region)
+    name = ctx.model.engine_in_scope(scope) if scope is not None else None
+    name = name or engine.name
+    edit = ctx.replace(region.call, f"{name}.autocast()")
     ctx.report(
         region.call,
-        f"autocast around `{called}`, which `{engine.name}` already runs in "
+        f"autocast around `{called}`, which `{name}` already runs in "
         f"{engine.mixed_precision}: the loss and other code in this region also run in low "
-        f"precision instead of fp32 (use `{engine.name}.autocast()` or remove the region)",
-        make_fix(f"Use `{engine.name}.autocast()`", edit, applicability="unsafe"),
+        f"precision instead of fp32 (use `{name}.autocast()` or remove the region)",
+        make_fix(f"Use `{name}.autocast()`", edit, applicability="unsafe"),
     )
+
+
+def _scope_of(model, region):
+    for scope in model.scopes:
+        if any(w is region.with_node for w, _ in scope.withs):
+            return scope
+    return None

@@ -61,15 +61,36 @@ def check(ctx) -> None:
     """Report clip/unscale calls that run on micro-steps where the optimizer does not step."""
     model = ctx.model
     for loop in model.loops:
+        found = []
         for site in loop.of_kind("clip", "unscale"):
             if model.on_update_step(loop, site.stmt):
                 continue
             regions = model.regions_around(site.stmt, "accumulate")
             if regions:
                 receiver = regions[-1].receiver or "accelerator"
-                _report(ctx, site, f"{receiver}.sync_gradients", f"`{receiver}.accumulate`")
+                found.append((site, f"{receiver}.sync_gradients", f"`{receiver}.accumulate`"))
             elif _gated_manually(loop, site):
-                _report(ctx, site, _condition(loop.gate), "a manual accumulation loop")
+                found.append((site, _condition(loop.gate), "a manual accumulation loop"))
+        for run in _runs(found):
+            _report_run(ctx, run)
+
+
+def _runs(found):
+    """Group adjacent flagged statements of one block: one `if` then covers them all."""
+    runs = []
+    for item in found:
+        site, condition, _ = item
+        if runs:
+            previous, previous_condition, _ = runs[-1][-1]
+            adjacent = site.stmt.order == previous.stmt.order + 1
+            same_block = [id(f.node) for f in site.stmt.frames] == [
+                id(f.node) for f in previous.stmt.frames
+            ]
+            if adjacent and same_block and condition == previous_condition:
+                runs[-1].append(item)
+                continue
+        runs.append([item])
+    return runs
 
 
 def _gated_manually(loop, site) -> bool:
@@ -102,16 +123,23 @@ def _condition(gate) -> str | None:
     return text if gate.holds else f"not ({text})"
 
 
-def _report(ctx, site, condition: str | None, where: str) -> None:
+def _report_run(ctx, run) -> None:
     from linter.context import make_fix
+
+    condition = run[0][1]
+    fix = None
+    if condition is not None and not any(_binds_name_read_elsewhere(s.stmt) for s, _, _ in run):
+        edit = ctx.wrap_in_if([s.stmt.line for s, _, _ in run], condition)
+        fix = make_fix(f"Run it only when `{condition}`", edit)
+    for site, _, where in run:
+        _report(ctx, site, condition, where, fix)
+
+
+def _report(ctx, site, condition: str | None, where: str, fix) -> None:
     from linter.model.cst_util import code
 
     name = site.call.func
     label = code(name.attr if hasattr(name, "attr") else name)
-    fix = None
-    if condition is not None and not _binds_name_read_elsewhere(site.stmt):
-        edit = ctx.wrap_in_if(site.stmt.line, condition)
-        fix = make_fix(f"Run it only when `{condition}`", edit)
     hint = f"gate it on `{condition}`" if condition else "move it to the optimizer-step branch"
     ctx.report(
         site.call,

@@ -1,0 +1,128 @@
+"""A plain-JSON view of the model (`accel-lint --show-loops`): what the linter understood."""
+
+from __future__ import annotations
+
+from linter.model import Model, TrainingLoop
+from linter.model.cst_util import code, int_value
+
+
+def describe(model: Model, path: str) -> dict:
+    return {"file": path, "loops": [_loop(model, loop, path) for loop in model.loops]}
+
+
+def _line(model: Model, node) -> int:
+    return model.line(node)
+
+
+def _loop(model: Model, loop: TrainingLoop, path: str) -> dict:
+    scope = loop.scope
+    function = scope.name if scope.class_name is None else f"{scope.class_name}.{scope.name}"
+    every, update = [], []
+    for site in loop.sites:
+        entry = _site(model, site)
+        (update if model.on_update_step(loop, site.stmt) else every).append(entry)
+    return {
+        "file": path,
+        "function": function,
+        "line": _line(model, loop.node),
+        "kind": "for" if loop.node.__class__.__name__ == "For" else "while",
+        "engines": [_engine(model, e) for e in model.setup.engines.values()],
+        "scalers": [
+            {"name": s.name, "enabled": _enabled(s.enabled), "line": _line(model, s.node)}
+            for s in model.setup.scalers.values()
+        ],
+        "optimizers": _used(model.setup.optimizers, loop, "opt_step", "zero_grad"),
+        "schedulers": _used(model.setup.schedulers, loop, "sched_step"),
+        "ddp_models": sorted(model.setup.ddp_models),
+        "prepared": {p.original: p.name for p in model.setup.prepared.values()},
+        "accumulation": _accumulation(model, loop),
+        "step_branch": _step_branch(model, loop),
+        "regions": [
+            {"kind": r.kind, "code": code(r.call), "line": _line(model, r.call)}
+            for r in model.regions
+            if any(f.node is loop.node for f in r.frames)
+        ],
+        "every_micro_step": every,
+        "update_step_only": update,
+        "backwards": [_backward(model, site) for site in loop.backwards],
+    }
+
+
+def _used(known, loop: TrainingLoop, *kinds: str) -> list[str]:
+    """Names built as such in the module plus those the loop uses that way."""
+    return sorted(set(known) | {s.receiver for s in loop.of_kind(*kinds) if s.receiver})
+
+
+def _enabled(state: bool | None) -> str:
+    return {True: "yes", False: "no", None: "at runtime"}[state]
+
+
+def _engine(model: Model, engine) -> dict:
+    accum = engine.accum
+    return {
+        "name": engine.name,
+        "kind": engine.kind,
+        "mixed_precision": engine.mixed_precision or "not statically known",
+        "gradient_accumulation_steps": code(accum) if accum is not None else None,
+        "line": _line(model, engine.node),
+    }
+
+
+def _site(model: Model, site) -> dict:
+    node = site.call if site.call is not None else site.node
+    return {"kind": site.kind, "code": code(node), "line": _line(model, node)}
+
+
+def _accumulation(model: Model, loop: TrainingLoop) -> dict | None:
+    gate = loop.gate
+    if gate is not None and gate.k is not None:
+        source = {
+            "modulo": "modulus of the step gate",
+            "counter": "micro-step counter compared with K",
+            "micro-loop": "micro-step loop range",
+            "accumulate": "gradient_accumulation_steps of the engine",
+        }.get(gate.kind, gate.kind)
+        return {
+            "k": code(gate.k),
+            "value": int_value(gate.k),
+            "source": source,
+            "line": _line(model, gate.k),
+        }
+    k = model.engine_k()
+    if k is not None:
+        return {
+            "k": code(k),
+            "value": int_value(k),
+            "source": "gradient_accumulation_steps of the engine",
+            "line": _line(model, k),
+        }
+    return None
+
+
+def _step_branch(model: Model, loop: TrainingLoop) -> dict | None:
+    gate = loop.gate
+    if gate is None:
+        return None
+    if gate.kind == "accumulate":
+        condition = code(gate.node.items[0].item)
+    elif gate.kind == "micro-loop":
+        condition = f"after the loop `for ... in {code(gate.node.iter)}`"
+    else:
+        condition = code(gate.test)
+        condition = condition if gate.holds else f"not ({condition})"
+    return {"kind": gate.kind, "condition": condition, "line": _line(model, gate.node)}
+
+
+def _backward(model: Model, site) -> dict:
+    flow = model.flow(site)
+    steps = []
+    if flow is not None:
+        steps = [{"code": text, "line": _line(model, stmt.node)} for text, stmt in flow.steps]
+    steps.append({"code": code(site.call), "line": _line(model, site.call)})
+    return {
+        "kind": site.kind,
+        "line": _line(model, site.call),
+        "loss": flow.state if flow is not None else "unknown",
+        "dataflow": steps,
+        "models": sorted(flow.models) if flow is not None else [],
+    }
