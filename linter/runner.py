@@ -7,6 +7,7 @@ return plain values; the main process owns the cache and all printing.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import os
 import re
@@ -187,14 +188,28 @@ def lint_job(job: Job) -> FileResult:
                 result.diff = unified_diff(job.shown, source.text, outcome.text)
         return result
     except ParseFailure as failure:
-        at = Position(failure.line, failure.column)
-        message = f"SyntaxError: {failure.message}"
-        return FileResult(job.shown, [Diagnostic(PARSE_ERROR, message, job.shown, at, at)])
+        return FileResult(job.shown, [syntax_error(source.text, job.shown, failure)])
     except Exception as exc:  # a bug in a rule or the fixer must not stop the other files
         detail = "".join(traceback.format_exception_only(exc)).strip()
         if os.environ.get("ACCEL_LINT_DEBUG"):
             detail = "".join(traceback.format_exception(exc))
         return FileResult(job.shown, error=f"internal error: {detail}", cacheable=False)
+
+
+def syntax_error(text: str, shown: str, failure) -> Diagnostic:
+    """ACL000 worded and placed by CPython's own parser when it agrees the file is invalid
+    (its messages are clearer than libcst's), else by libcst."""
+    try:
+        compile(text, shown, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+    except SyntaxError as error:
+        start = Position(error.lineno or 1, max(0, (error.offset or 1) - 1))
+        end = Position(error.end_lineno or start.line, max(0, (error.end_offset or 1) - 1))
+        end = max(start, end)
+        return Diagnostic(PARSE_ERROR, f"SyntaxError: {error.msg}", shown, start, end)
+    except (ValueError, OverflowError):
+        pass  # e.g. a null byte: fall back to libcst's account
+    at = Position(failure.line, failure.column)
+    return Diagnostic(PARSE_ERROR, f"SyntaxError: {failure.message}", shown, at, at)
 
 
 def _file_error(shown: str, message: str) -> Diagnostic:
