@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import pickle
 import secrets
 import subprocess
 import sys
@@ -61,13 +62,13 @@ class DDPPool:
         if not conn.poll(TIMEOUT_S):
             self.close()
             raise TimeoutError("DDP worker did not answer in time")
-        return conn.recv()
+        return pickle.loads(conn.recv_bytes())
 
     def run(self, func, **kwargs) -> list:
         """Call `func(**kwargs)` on every rank; returns the results by rank."""
         request = (inspect.getfile(func), func.__name__, kwargs)
         for conn in self._conns:
-            conn.send(request)
+            conn.send_bytes(pickle.dumps(request))
         replies = [self._recv(conn) for conn in self._conns]
         errors = [f"rank {r}:\n{value}" for r, (kind, value) in enumerate(replies) if kind != "ok"]
         if errors:
@@ -77,7 +78,7 @@ class DDPPool:
     def close(self) -> None:
         for conn in getattr(self, "_conns", []):
             try:
-                conn.send(None)
+                conn.send_bytes(pickle.dumps(None))
             except OSError:
                 pass
         for proc in self._procs:

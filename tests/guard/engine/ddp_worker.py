@@ -2,13 +2,15 @@
 
 It joins the process group once, then runs test cases sent by the pytest process: each request
 names a module file and a function in it; the function's return value (or the traceback) goes
-back over the connection.
+back over the connection. Plain pickle, not the connection's own: torch's multiprocessing
+reducers would share tensor memory, which needs an authkey this process does not have.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import pickle
 import sys
 import traceback
 from multiprocessing.connection import Client
@@ -31,10 +33,11 @@ def main() -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    conn.send(("ready", rank))
+    send = lambda obj: conn.send_bytes(pickle.dumps(obj))  # noqa: E731
+    send(("ready", rank))
     modules: dict = {}
     while True:
-        request = conn.recv()
+        request = pickle.loads(conn.recv_bytes())
         if request is None:
             break
         path, name, kwargs = request
@@ -42,7 +45,7 @@ def main() -> None:
             result = ("ok", getattr(_load(path, modules), name)(**kwargs))
         except BaseException:  # report everything, the pool turns it into a test failure
             result = ("error", traceback.format_exc())
-        conn.send(result)
+        send(result)
     dist.destroy_process_group()
     conn.close()
 

@@ -51,11 +51,19 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def large_batch_run(
-    x, y, windows: list[int], batch_size: int, opt_kind: str, clip: float | None, device="cpu"
+    x,
+    y,
+    windows: list[int],
+    batch_size: int,
+    opt_kind: str,
+    clip: float | None,
+    device="cpu",
+    sched_steps: int = 1,
 ) -> torch.Tensor:
     """Plain loop: one optimizer step per window, on the window's samples as one batch.
 
     `windows` lists the micro-batches per step; the loss is the mean over the window's samples.
+    The scheduler steps `sched_steps` times per optimizer step (W, as Accelerate does).
     """
     model = make_model().to(device)
     opt = make_optimizer(opt_kind, model.parameters())
@@ -68,7 +76,8 @@ def large_batch_run(
         if clip is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
-        sched.step()
+        for _ in range(sched_steps):
+            sched.step()
         start = stop
     return flat_params(model)
 

@@ -1,0 +1,103 @@
+"""DDP test cases, run on both ranks of the session's gloo group by conftest's `ddp_pool`.
+
+Each function runs on every rank and returns plain tensors and numbers for the test to compare.
+"""
+
+from __future__ import annotations
+
+import torch
+from engine_reference import (
+    engine_run,
+    flat_params,
+    make_data,
+    make_loader,
+    make_model,
+    make_optimizer,
+    make_token_batches,
+    make_token_model,
+    token_loss,
+)
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+import guard
+
+
+def _counting_allreduce(state: dict, bucket):
+    state["calls"] += 1
+    return default_hooks.allreduce_hook(None, bucket)
+
+
+def accumulate_with_no_sync(samples: int, batch_size: int, n: int, opt_kind: str, clip):
+    """Train through the engine, counting all-reduces and the DDP sync flag seen by forward."""
+    engine = guard.Engine("no", gradient_accumulation_steps=n)
+    model = make_model()
+    opt = make_optimizer(opt_kind, model.parameters())
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
+    x, y = make_data(samples)
+    model, opt, loader, sched = engine.prepare(model, opt, make_loader(x, y, batch_size), sched)
+    counter = {"calls": 0}
+    model.register_comm_hook(counter, _counting_allreduce)
+    flags = []
+    model.module.register_forward_pre_hook(
+        lambda *_: flags.append(model.require_backward_grad_sync)
+    )
+    for xb, yb in loader:
+        with engine.accumulate(model):
+            engine.backward(torch.nn.functional.mse_loss(model(xb), yb))
+            if clip is not None and engine.sync_gradients:
+                engine.clip_grad_norm_(model.parameters(), clip)
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+    return {
+        "params": flat_params(model),
+        "allreduces": counter["calls"],
+        "forward_sync_flags": flags,
+        "optimizer_steps": engine.optimizer_steps,
+        "scheduler_steps": sched.scheduler.last_epoch,
+        "world": engine.num_processes,
+        "rank": engine.process_index,
+    }
+
+
+def scheduler_with_split_batches(samples: int, batch_size: int, n: int):
+    engine = guard.Engine("no", gradient_accumulation_steps=n, split_batches=True)
+    x, y = make_data(samples)
+    _, sched = engine_run(engine, x, y, batch_size, "sgd", None)
+    return sched.scheduler.last_epoch
+
+
+def token_items(n: int, steps: int, use_items: bool):
+    """Rank r trains on global batches r, r + W, ...; a window spans 2N global batches."""
+    engine = guard.Engine("no", gradient_accumulation_steps=n)
+    world, rank = engine.num_processes, engine.process_index
+    batches = make_token_batches(world * n * steps)[rank::world]
+    model = make_token_model()
+    model, opt = engine.prepare(model, torch.optim.SGD(model.parameters(), lr=0.5))
+    for tokens, labels in batches:
+        with engine.accumulate(model):
+            if use_items:
+                loss = token_loss(model, tokens, labels, "sum")
+                engine.backward(loss, num_items=(labels != -100).sum())
+            else:
+                engine.backward(token_loss(model, tokens, labels, "mean"))
+            opt.step()
+            opt.zero_grad()
+    return flat_params(model)
+
+
+def gather_metrics(samples: int, batch_size: int):
+    """Evaluate over a prepared loader; return what gather and gather_for_metrics collected."""
+    engine = guard.Engine("no")
+    values = torch.arange(float(samples))
+    loader = engine.prepare(
+        torch.utils.data.DataLoader(
+            torch.utils.data.TensorDataset(values), batch_size=batch_size, shuffle=False
+        )
+    )
+    plain, for_metrics, local = [], [], []
+    for (batch,) in loader:
+        local.append(batch)
+        plain.append(engine.gather(batch))
+        for_metrics.append(engine.gather_for_metrics(batch))
+    return torch.cat(plain), torch.cat(for_metrics), torch.cat(local)
