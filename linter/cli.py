@@ -72,6 +72,7 @@ def _list_rules() -> None:
 
 
 def _show_loops(path: Path, output_format: OutputFormat) -> int:
+    from linter import output
     from linter.analysis import ParseFailure
     from linter.show_loops import as_json, as_tree, describe
     from linter.source import SourceError
@@ -81,7 +82,12 @@ def _show_loops(path: Path, output_format: OutputFormat) -> int:
     except SourceError as exc:
         raise _fail(f"{path}: {exc}") from None
     except ParseFailure as failure:
-        typer.echo(f"{path}:{failure.line}:{failure.column + 1}: ACL000 {failure.message}")
+        from linter.output.concise import line
+        from linter.runner import syntax_error
+        from linter.source import decode, read_bytes
+
+        text = decode(read_bytes(str(path))).text
+        typer.echo(line(syntax_error(text, str(path), failure), output.Context()))
         return 1
     if output_format == OutputFormat.json:
         sys.stdout.write(as_json(description))

@@ -39,11 +39,21 @@ def _add(node, value) -> None:
     elif isinstance(value, list):
         for index, item in enumerate(value):
             if isinstance(item, (dict, list)) and item:
-                _add(node.add(f"[dim]{index}[/dim]"), item)
+                _add(node.add(_label(item, index)), item)
             else:
                 node.add(_escape(_scalar(item)))
     else:
         node.add(_escape(_scalar(value)))
+
+
+def _label(item, index: int) -> str:
+    """A list entry's title from its own facts (`for` loop at line 5), else its index."""
+    if not isinstance(item, dict):
+        return f"[dim]{index}[/dim]"
+    words = [str(item[k]) for k in ("kind", "name") if isinstance(item.get(k), (str, int))]
+    if "line" in item:
+        words.append(f"(line {item['line']})")
+    return f"[bold]{_escape(' '.join(words))}[/bold]" if words else f"[dim]{index}[/dim]"
 
 
 def _scalar(value) -> str:
