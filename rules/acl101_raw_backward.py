@@ -81,7 +81,10 @@ def _stepping_scaler(model, loop) -> str | None:
 def _already_scaled(model, site) -> bool:
     import libcst as cst
 
+    loss = model.loss_expr(site)
     func = site.call.func
+    if model.is_backward_function(site.call):
+        return loss is not None and model.scaled_loss(loss, site.stmt.scope) is not None
     return isinstance(func, cst.Attribute) and (
         model.scaled_loss(func.value, site.stmt.scope) is not None
     )
@@ -104,7 +107,7 @@ def _loss_and_rest(ctx, site):
 
     call = site.call
     args = list(call.args)
-    if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward":
+    if not ctx.model.is_backward_function(call):
         loss = call.func.value
     elif args and args[0].keyword is None and not args[0].star:
         loss, args = args[0].value, args[1:]

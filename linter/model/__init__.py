@@ -306,12 +306,16 @@ class Model:
         call = site.call
         if call is None:
             return None
-        if site.kind == "engine_backward" or not isinstance(call.func, cst.Attribute):
+        if site.kind == "engine_backward" or self.is_backward_function(call):
             args = positional(call)
             return args[0] if args else None
         receiver = call.func.value
         scaled = self.scaled_loss(receiver, site.stmt.scope)
         return scaled if scaled is not None else receiver
+
+    def is_backward_function(self, call: cst.Call) -> bool:
+        """`torch.autograd.backward(loss)` rather than `loss.backward()`."""
+        return self.imports.qualify(call.func) == "torch.autograd.backward"
 
     def scaled_loss(self, node: cst.CSTNode, scope: Scope) -> cst.BaseExpression | None:
         """`X` in `scaler.scale(X)`."""

@@ -39,6 +39,7 @@ _PASS_METHODS = {
 }
 _LOSS_FN_NAME = re.compile(r"^(crit(erion)?\w*|loss_(fn|fct|func|function)|lossfn|\w*_criterion)$")
 _MAX_DEPTH = 4
+_NO_GRAD = {"torch.no_grad", "torch.inference_mode"}
 
 
 @dataclass
@@ -119,6 +120,8 @@ class Tracer:
         if scope is self.scope:
             self.flow.steps.append((code(d.stmt.node), d.stmt))
         order = d.stmt.order
+        if self._without_grad(d.stmt):
+            return UNDIVIDED  # a constant for autograd: no model's gradient flows through it
         if d.op == "=":
             return self._expr(d.value, scope, order, depth, d.tuple_index)
         previous = self._previous(d, scope, depth)
@@ -137,6 +140,15 @@ class Tracer:
         if d.op in ("+=", "-="):
             return _combine(previous, self._expr(d.value, scope, order, depth, None))
         return UNKNOWN
+
+    def _without_grad(self, stmt: Stmt) -> bool:
+        for frame in stmt.frames:
+            if frame.kind == "with":
+                for item in frame.node.items:
+                    func = item.item.func if isinstance(item.item, cst.Call) else None
+                    if (self.model.imports.qualify(func) or "") in _NO_GRAD:
+                        return True
+        return False
 
     def _previous(self, d: Def, scope: Scope, depth: int) -> str:
         defs = scope.defs_before(d.target, d.stmt.order)
@@ -197,6 +209,8 @@ class Tracer:
                     return DIVIDED
             if method in _PASS_METHODS:
                 return self._expr(receiver, scope, order, depth, None)
+            if method == "detach":
+                return UNDIVIDED
         local = self.model.local_function(node.func, scope)
         if local is not None:
             return self._returns(local, depth, index)
@@ -207,6 +221,7 @@ class Tracer:
             self.flow.models.add(code(node.func))
             self._args(node, scope, order, depth)
             return UNDIVIDED
+        self._args(node, scope, order, depth)
         return UNKNOWN
 
     def _args(self, node: cst.Call, scope: Scope, order: int, depth: int) -> None:

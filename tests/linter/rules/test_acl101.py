@@ -1,0 +1,267 @@
+"""ACL101 raw-backward: positives in several loop styles, fixes, and every "must not flag" item."""
+
+from __future__ import annotations
+
+import textwrap
+
+ACCELERATE = """
+from accelerate import Accelerator
+
+accelerator = Accelerator(mixed_precision="fp16", gradient_accumulation_steps=4)
+model, opt, dl = accelerator.prepare(model, opt, dl)
+for batch in dl:
+    with accelerator.accumulate(model):
+        loss = model(**batch).loss
+        loss.backward()
+        opt.step(); opt.zero_grad()
+"""
+
+
+def test_accelerate_loop_is_flagged_and_fixed(acl101, at):
+    assert acl101.findings(ACCELERATE) == [("ACL101", *at(ACCELERATE, "loss.backward()"))]
+    assert acl101.fixed(ACCELERATE) == textwrap.dedent(ACCELERATE).replace(
+        "loss.backward()", "accelerator.backward(loss)"
+    )
+
+
+def test_raw_amp_loop_scales_the_loss(acl101, at):
+    source = """
+    import torch
+
+    scaler = torch.amp.GradScaler("cuda")
+    for x, y in dl:
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = crit(model(x), y)
+        loss.backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    """
+    assert acl101.findings(source) == [("ACL101", *at(source, "loss.backward()"))]
+    assert "    scaler.scale(loss).backward()\n" in acl101.fixed(source)
+
+
+def test_helper_function_with_scaler_parameter(acl101, at):
+    source = """
+    from torch.cuda.amp import GradScaler
+
+    def train_one_epoch(model, loader, opt, scaler, accum):
+        for i, (x, y) in enumerate(loader):
+            loss = crit(model(x), y) / accum
+            loss.backward()
+            if (i + 1) % accum == 0:
+                scaler.unscale_(opt)
+                scaler.step(opt)
+                scaler.update()
+                opt.zero_grad()
+
+    def main():
+        scaler = GradScaler(enabled=args.fp16)
+        train_one_epoch(model, loader, opt, scaler, args.accum)
+    """
+    assert acl101.findings(source) == [("ACL101", *at(source, "loss.backward()"))]
+    assert "scaler.scale(loss).backward()" in acl101.fixed(source)
+
+
+def test_while_loop_with_manual_counter(acl101, at):
+    source = """
+    from accelerate import Accelerator
+
+    accelerator = Accelerator()
+    model, opt = accelerator.prepare(model, opt)
+    step = 0
+    while step < max_steps:
+        out = model(next(it))
+        out.loss.backward(retain_graph=True)
+        step += 1
+        if step % 8 == 0:
+            opt.step()
+            opt.zero_grad()
+    """
+    assert acl101.findings(source) == [("ACL101", *at(source, "out.loss.backward"))]
+    assert "accelerator.backward(out.loss, retain_graph=True)" in acl101.fixed(source)
+
+
+def test_trainer_method_uses_self_accelerator(acl101, at):
+    source = """
+    from accelerate import Accelerator
+
+    class Trainer:
+        def __init__(self, args, model, opt):
+            self.accelerator = Accelerator(gradient_accumulation_steps=args.accum)
+            self.model, self.opt = self.accelerator.prepare(model, opt)
+
+        def train(self, dl):
+            for batch in dl:
+                with self.accelerator.accumulate(self.model):
+                    loss = self.model(**batch).loss
+                    (loss / args.accum).backward()
+                    self.opt.step()
+                    self.opt.zero_grad()
+    """
+    assert acl101.findings(source) == [("ACL101", *at(source, "(loss / args"))]
+    # The engine divides by the same K: the manual division goes with the same edit (no ACL302).
+    assert "                self.accelerator.backward(loss)\n" in acl101.fixed(source)
+
+
+def test_manual_division_by_other_value_is_kept(acl101):
+    source = """
+    from accelerate import Accelerator
+
+    accelerator = Accelerator()
+    model = accelerator.prepare(model)
+    for batch in dl:
+        (model(batch).loss / n_tokens).backward()
+        opt.step()
+    """
+    assert "accelerator.backward(model(batch).loss / n_tokens)" in acl101.fixed(source)
+
+
+def test_import_aliases(acl101, at):
+    source = """
+    from accelerate import Accelerator as A
+
+    acc = A(mixed_precision="bf16")
+    net, optim = acc.prepare(net, optim)
+    for x in loader:
+        net(x).sum().backward()
+        optim.step()
+    """
+    assert acl101.findings(source) == [("ACL101", *at(source, "net(x).sum().backward()"))]
+    assert "    acc.backward(net(x).sum())\n" in acl101.fixed(source)
+
+
+def test_autograd_backward_function(acl101, at):
+    source = """
+    import torch
+    from torch.cuda.amp import GradScaler as GS
+
+    scaler = GS()
+    for x in loader:
+        torch.autograd.backward(model(x).mean())
+        scaler.step(opt)
+        scaler.update()
+    """
+    assert acl101.findings(source) == [("ACL101", *at(source, "torch.autograd.backward"))]
+    assert "torch.autograd.backward(scaler.scale(model(x).mean()))" in acl101.fixed(source)
+
+
+def test_conditional_scaler_counts_as_enabled(acl101, at):
+    source = """
+    import torch
+
+    scaler = torch.cuda.amp.GradScaler(enabled=args.fp16)
+    for x in loader:
+        model(x).mean().backward()
+        scaler.step(opt)
+        scaler.update()
+    """
+    assert acl101.findings(source) == [("ACL101", *at(source, "model(x).mean().backward()"))]
+
+
+# --- must not flag ------------------------------------------------------------------------
+
+
+def test_plain_fp32_loop_without_engine_or_scaler(acl101):
+    source = """
+    import torch
+
+    for x, y in dl:
+        loss = crit(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    """
+    assert acl101.findings(source) == []
+
+
+def test_scaler_with_literal_enabled_false(acl101):
+    source = """
+    import torch
+
+    scaler = torch.amp.GradScaler("cuda", enabled=False)
+    for x, y in dl:
+        loss = crit(model(x), y)
+        loss.backward()
+        scaler.step(opt)
+        scaler.update()
+    """
+    assert acl101.findings(source) == []
+
+
+def test_scaled_backward(acl101):
+    source = """
+    import torch
+
+    scaler = torch.cuda.amp.GradScaler()
+    for x, y in dl:
+        loss = crit(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    """
+    assert acl101.findings(source) == []
+
+
+def test_engine_backward_calls(acl101):
+    source = """
+    import deepspeed
+    import guard
+    from accelerate import Accelerator
+
+    accelerator = Accelerator()
+    engine = guard.Engine(mixed_precision="bf16")
+    model_engine, optimizer, _, _ = deepspeed.initialize(model=net, config=cfg)
+    model, opt = accelerator.prepare(model, opt)
+    for batch in dl:
+        accelerator.backward(model(batch).loss)
+        engine.backward(model(batch).loss)
+        model_engine.backward(model_engine(batch).loss)
+        opt.step()
+    """
+    assert acl101.findings(source) == []
+
+
+def test_loss_of_a_model_that_was_never_prepared(acl101):
+    source = """
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(mixed_precision="fp16")
+    model, opt = accelerator.prepare(model, opt)
+    probe = torch.nn.Linear(16, 2)
+    for batch in dl:
+        with torch.no_grad():
+            features = model(batch).hidden
+        probe_loss = probe_crit(probe(features), batch["y"])
+        probe_loss.backward()
+        probe_opt.step()
+    """
+    assert acl101.findings(source) == []
+
+
+def test_gradient_penalty_with_autograd_grad(acl101):
+    source = """
+    from accelerate import Accelerator
+
+    accelerator = Accelerator()
+    critic, opt = accelerator.prepare(critic, opt)
+    for real in dl:
+        score = critic(real)
+        grads = torch.autograd.grad(score.sum(), real, create_graph=True)[0]
+        loss = score.mean() + 10 * grads.norm()
+        accelerator.backward(loss)
+        opt.step()
+    """
+    assert acl101.findings(source) == []
+
+
+def test_file_without_training_loop(acl101):
+    source = """
+    from accelerate import Accelerator
+
+    accelerator = Accelerator()
+
+    def step(loss):
+        loss.backward()
+    """
+    assert acl101.findings(source) == []
