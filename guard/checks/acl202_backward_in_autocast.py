@@ -1,0 +1,30 @@
+"""ACL202: a backward pass started while autocast is enabled for the loss's device."""
+
+from __future__ import annotations
+
+import torch
+
+from guard.checks._common import report
+
+CODES = ("ACL202",)
+
+
+def install(tracker) -> None:
+    tracker.subscribe("backward_pre", lambda **kw: _before_backward(tracker, **kw))
+
+
+def _before_backward(tracker, tensors, via, **_) -> None:
+    if via == "engine" or not tensors:
+        return
+    device = tensors[0].device.type
+    if not torch.is_autocast_enabled(device):
+        return
+    region = next((f for f in reversed(tracker.autocast_stack) if f.enabled), None)
+    where = f" entered at {region.location}" if region is not None and region.location else ""
+    report(
+        "ACL202",
+        f"backward runs inside the {torch.get_autocast_dtype(device)} autocast region{where}: "
+        "compiled backward and custom autograd functions then run in low precision; end the "
+        "autocast block before calling backward",
+        "warning",
+    )

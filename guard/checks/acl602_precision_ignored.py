@@ -1,0 +1,48 @@
+"""ACL602: an Accelerator that reports fp16/bf16 but trains in fp32.
+
+`Accelerator(cpu=True, mixed_precision="fp16")` keeps `mixed_precision == "fp16"` while
+`native_amp` is False: no scaler, no autocast. Checked once per `prepare` call.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from guard.checks._common import report
+
+CODES = ("ACL602",)
+
+
+def install(tracker) -> None:
+    tracker.subscribe("prepare", _after_prepare)
+
+
+def _after_prepare(accelerator, outputs, **_) -> None:
+    requested = str(getattr(accelerator, "mixed_precision", "no"))
+    if requested not in ("fp16", "bf16"):
+        return
+    device = getattr(getattr(accelerator, "device", None), "type", "?")
+    if not getattr(accelerator, "native_amp", False):
+        report(
+            "ACL602",
+            f"mixed_precision={requested!r} is ignored on device {device!r}: no autocast and no "
+            "GradScaler are applied, so this run trains in fp32; use bf16 on CPU or run fp16 on "
+            "a GPU",
+            "warning",
+        )
+        return
+    unwrapped = [
+        m for m in outputs if isinstance(m, torch.nn.Module) and not _has_autocast_forward(m)
+    ]
+    if unwrapped:
+        report(
+            "ACL602",
+            f"a prepared model's forward is not wrapped in {requested} autocast on {device!r}: "
+            "it runs in fp32 despite the configuration",
+            "warning",
+        )
+
+
+def _has_autocast_forward(model: torch.nn.Module) -> bool:
+    inner = getattr(model, "module", model)  # DDP wraps the model accelerate patched
+    return hasattr(model, "_original_forward") or hasattr(inner, "_original_forward")
