@@ -111,7 +111,7 @@ def _report(ctx, loop, site) -> None:
     loss = model.loss_expr(site)
     k = _k_text(loop.gate.k)
     edit = None
-    if isinstance(loss, cst.Name):
+    if isinstance(loss, cst.Name) and site.stmt.index == 0:
         edit = ctx.insert_line_before(site.stmt.line, f"{loss.value} = {loss.value} / {k}")
     if edit is None:
         divided = f"{_operand(loss)} / {k}"
@@ -121,7 +121,8 @@ def _report(ctx, loop, site) -> None:
     ctx.report(
         site.call,
         f"`{code(loss)}` is backpropagated undivided while the optimizer steps every {k} "
-        f"micro-steps: the window sums {k} mean losses (gradients {k}x too large)",
+        f"micro-steps: the window sums {k} mean losses, so the gradients are {k} times too "
+        "large",
         make_fix(f"Divide the loss by `{k}`", edit),
         notes=(f"accumulation value K = {k} (step gate at line {where})",),
     )

@@ -1,0 +1,242 @@
+"""ACL301 missing-loss-division: manual accumulation loops that backpropagate undivided losses."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+PLAIN = """
+for i, (x, y) in enumerate(dl):
+    loss = crit(model(x), y)
+    loss.backward()
+    if (i + 1) % N == 0:
+        opt.step(); opt.zero_grad()
+"""
+
+
+def test_plain_loop_is_flagged_and_fixed(acl301, at):
+    assert acl301.findings(PLAIN) == [("ACL301", *at(PLAIN, "loss.backward()"))]
+    assert acl301.fixed(PLAIN) == textwrap.dedent(PLAIN).replace(
+        "    loss.backward()", "    loss = loss / N\n    loss.backward()"
+    )
+
+
+def test_raw_amp_scaled_backward(acl301, at):
+    source = """
+    import torch
+
+    model = AutoModelForCausalLM.from_pretrained(args.model)
+    scaler = torch.amp.GradScaler("cuda")
+    for step, batch in enumerate(loader):
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = model(**batch).loss
+        scaler.scale(loss).backward()
+        if step % args.gradient_accumulation_steps == args.gradient_accumulation_steps - 1:
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    """
+    assert acl301.findings(source) == [("ACL301", *at(source, "scaler.scale(loss).backward()"))]
+    fixed = acl301.fixed(source)
+    assert "    loss = loss / args.gradient_accumulation_steps\n    scaler.scale(loss)" in fixed
+
+
+def test_helper_function_with_accum_parameter(acl301, at):
+    source = """
+    import torch.nn.functional as F
+
+    def train_one_epoch(model, loader, opt, scaler, accum):
+        for i, (x, y) in enumerate(loader):
+            scaler.scale(F.cross_entropy(model(x), y)).backward()
+            if (i + 1) % accum == 0 or i + 1 == len(loader):
+                scaler.step(opt)
+                scaler.update()
+                opt.zero_grad()
+    """
+    assert acl301.findings(source) == [("ACL301", *at(source, "scaler.scale(F"))]
+    assert "scaler.scale(F.cross_entropy(model(x), y) / accum).backward()" in acl301.fixed(source)
+
+
+def test_while_loop_with_counter(acl301, at):
+    source = """
+    micro = 0
+    while True:
+        x, y = next(it)
+        loss = criterion(model(x), y)
+        loss.backward()
+        micro += 1
+        if micro == args.grad_accum:
+            opt.step(); opt.zero_grad()
+            micro = 0
+    """
+    assert acl301.findings(source) == [("ACL301", *at(source, "loss.backward()"))]
+    assert "    loss = loss / args.grad_accum\n    loss.backward()" in acl301.fixed(source)
+
+
+def test_micro_step_loop_of_nanogpt_style(acl301, at):
+    source = """
+    model = GPT(gptconf)
+    model = torch.compile(model)
+    while iter_num < max_iters:
+        for micro_step in range(gradient_accumulation_steps):
+            logits, loss = model(X, Y)
+            X, Y = get_batch("train")
+            scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+    """
+    assert acl301.findings(source) == [("ACL301", *at(source, "scaler.scale(loss).backward()"))]
+
+
+def test_trainer_method_with_expression_loss(acl301, at):
+    source = """
+    class Trainer:
+        def train(self, loader):
+            for step, (x, y) in enumerate(loader):
+                self.loss_fn(self.model(x), y).backward()
+                if not (step + 1) % self.accum:
+                    self.optimizer.step()
+                    self.optimizer.zero_grad()
+    """
+    assert acl301.findings(source) == [("ACL301", *at(source, "self.loss_fn("))]
+    assert "(self.loss_fn(self.model(x), y) / self.accum).backward()" in acl301.fixed(source)
+
+
+def test_one_line_loop_body(acl301, at):
+    source = """
+    for i, (x, y) in enumerate(dl):
+        loss = crit(model(x), y); loss.backward()
+        if (i + 1) % 4 == 0: opt.step(); opt.zero_grad()
+    """
+    assert acl301.findings(source) == [("ACL301", *at(source, "loss.backward()"))]
+    assert "    loss = loss / 4\n    loss = crit(model(x), y); loss.backward()" not in (
+        acl301.fixed(source)
+    )
+    assert "loss = crit(model(x), y); (loss / 4).backward()" in acl301.fixed(source)
+
+
+# --- must not flag --------------------------------------------------------------------------
+
+
+def _loop(body: str, gate: str = "(i + 1) % N == 0") -> str:
+    return f"""
+for i, (x, y) in enumerate(dl):
+{textwrap.indent(textwrap.dedent(body).strip(), "    ")}
+    if {gate}:
+        opt.step()
+        opt.zero_grad()
+"""
+
+
+def test_gradients_divided_instead_of_the_loss(acl301):
+    body = """
+    loss = crit(model(x), y)
+    loss.backward()
+    if (i + 1) % N == 0:
+        for p in model.parameters():
+            p.grad.div_(N)
+    """
+    assert acl301.findings(_loop(body)) == []
+    body_inplace = """
+    crit(model(x), y).backward()
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad /= N
+    """
+    assert acl301.findings(_loop(body_inplace)) == []
+
+
+@pytest.mark.parametrize(
+    "division",
+    [
+        "loss /= N",
+        "loss = loss / N",
+        "loss = loss * (1 / N)",
+        "inv_n = 1 / N\n    loss = loss * inv_n",
+        "loss = loss.div(N)",
+        "loss = torch.div(loss, N)",
+    ],
+)
+def test_loss_divided_before_backward(acl301, division):
+    body = f"""
+    loss = crit(model(x), y)
+    {division}
+    loss.backward()
+    """
+    assert acl301.findings(_loop(body)) == []
+
+
+def test_scaled_loss_divided_inside_scale(acl301):
+    assert acl301.findings(_loop("scaler.scale(crit(model(x), y) / N).backward()")) == []
+
+
+def test_division_by_another_spelling_of_k(acl301):
+    body = "loss = model(x).loss / args.gradient_accumulation_steps\nloss.backward()"
+    assert acl301.findings(_loop(body, gate="(i + 1) % accum_steps == 0")) == []
+
+
+def test_division_by_window_token_count(acl301):
+    body = """
+    out = model(x)
+    loss = F.cross_entropy(out.view(-1, V), y.view(-1), reduction="sum") / tokens_in_window
+    loss.backward()
+    """
+    assert acl301.findings(_loop(body)) == []
+
+
+def test_division_inside_a_visible_helper(acl301):
+    source = """
+    def compute(model, x, y, accum):
+        loss = crit(model(x), y)
+        return loss / accum, {"loss": loss.item()}
+
+    for i, (x, y) in enumerate(dl):
+        loss, logs = compute(model, x, y, N)
+        loss.backward()
+        if (i + 1) % N == 0:
+            opt.step()
+    """
+    assert acl301.findings(source) == []
+
+
+def test_engine_backward_divides(acl301):
+    source = """
+    from accelerate import Accelerator
+
+    accelerator = Accelerator()
+    for i, batch in enumerate(dl):
+        accelerator.backward(model(**batch).loss)
+        if (i + 1) % N == 0:
+            opt.step()
+    """
+    assert acl301.findings(source) == []
+
+
+def test_loop_without_step_gating(acl301):
+    source = """
+    for x, y in dl:
+        loss = crit(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    """
+    assert acl301.findings(source) == []
+
+
+def test_loss_from_a_call_the_linter_cannot_see_into(acl301):
+    source = """
+    from mylib import compute_loss
+
+    for i, batch in enumerate(dl):
+        loss = compute_loss(model, batch)
+        loss.backward()
+        if (i + 1) % N == 0:
+            opt.step()
+    """
+    assert acl301.findings(source) == []
+
+
+def test_gate_modulus_of_one_is_not_accumulation(acl301):
+    assert acl301.findings(_loop("crit(model(x), y).backward()", gate="i % 1 == 0")) == []
