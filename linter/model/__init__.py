@@ -90,7 +90,7 @@ class Model:
                 if dotted(arg) in self.setup.engines:
                     return self.setup.engines[dotted(arg)]
         if _ENGINE_NAME.match(last_part(text)):
-            return Engine(text, "accelerate" if "accel" in text else "unknown", cst.Name(text))
+            return Engine(text, "accelerate" if "accel" in text else "unknown", None)
         return None
 
     def scaler_role(self, text: str | None, scope: Scope | None = None) -> str | None:

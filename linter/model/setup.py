@@ -33,8 +33,8 @@ _PRECISIONS = {"fp16", "bf16", "no", "fp8"}
 @dataclass(eq=False)
 class Engine:
     name: str
-    kind: str  # "accelerate" | "guard" | "deepspeed"
-    node: cst.CSTNode
+    kind: str  # "accelerate" | "guard" | "deepspeed" | "unknown"
+    node: cst.CSTNode | None  # None for one recognised only by its name
     mixed_precision: str | None = None  # literal value, None when not statically known
     accum: cst.BaseExpression | None = None  # the gradient_accumulation_steps expression
 

@@ -1,0 +1,197 @@
+"""The training-loop model: setup facts, step gates and K, loss dataflow, and `describe_loops`."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst
+import pytest
+
+from linter.analysis import ParseFailure, analyze_source, describe_loops
+from linter.model import Model
+from linter.model.cst_util import code
+
+
+def build(source: str) -> Model:
+    return Model(libcst.parse_module(textwrap.dedent(source)))
+
+
+def test_setup_resolves_aliases_kwargs_and_prepare_unpacking():
+    model = build(
+        """
+        import torch
+        import torch.optim as optim
+        from accelerate import Accelerator as A, GradientAccumulationPlugin
+        from torch.cuda.amp import GradScaler as GS
+        from transformers import get_scheduler
+
+        plugin = GradientAccumulationPlugin(num_steps=args.accum)
+        acc = A(mixed_precision="bf16", gradient_accumulation_plugin=plugin)
+        other = A(**accelerator_kwargs)
+        off = GS(enabled=False)
+        maybe = torch.amp.GradScaler("cuda", enabled=args.fp16)
+        on = torch.cpu.amp.GradScaler()
+        opt = optim.AdamW(net.parameters())
+        sched = get_scheduler("linear", optimizer=opt)
+        net, opt, sched = acc.prepare(net, opt, sched)
+        head = acc.prepare(head)
+        """
+    )
+    setup = model.setup
+    assert setup.engines["acc"].mixed_precision == "bf16"
+    assert code(setup.engines["acc"].accum) == "args.accum"
+    assert setup.engines["other"].mixed_precision is None
+    assert {n: s.enabled for n, s in setup.scalers.items()} == {
+        "off": False,
+        "maybe": None,
+        "on": True,
+    }
+    assert {p.original: p.name for p in setup.prepared.values()} == {
+        "net": "net",
+        "opt": "opt",
+        "sched": "sched",
+        "head": "head",
+    }
+    assert "opt" in setup.optimizers and "sched" in setup.schedulers
+
+
+def _gate(condition: str, before: str = "") -> tuple[str, str] | None:
+    source = f"""
+    for i, batch in enumerate(dl):
+        {before}
+        loss = crit(model(batch))
+        loss.backward()
+        if {condition}:
+            opt.step()
+    """
+    (loop,) = build(source).loops
+    gate = loop.gate
+    return None if gate is None else (gate.kind, code(gate.k) if gate.k is not None else None)
+
+
+@pytest.mark.parametrize(
+    "condition, expected",
+    [
+        ("(i + 1) % K == 0", ("modulo", "K")),
+        ("i % args.grad_accum == args.grad_accum - 1", ("modulo", "args.grad_accum")),
+        ("step % self.accum == 0", ("modulo", "self.accum")),
+        ("not (i + 1) % K", ("modulo", "K")),
+        ("(i + 1) % K == 0 or i + 1 == len(dl)", ("modulo", "K")),
+        ("accelerator.sync_gradients", ("sync", None)),
+        ("i % 1 == 0", None),
+        ("i % log_every != 0", None),
+    ],
+)
+def test_step_gate_spellings(condition, expected):
+    assert _gate(condition) == expected
+
+
+def test_counter_gate_with_reset():
+    source = """
+    micro = 0
+    while True:
+        (crit(model(next(it))) / K).backward()
+        micro += 1
+        if micro == K:
+            opt.step()
+            micro = 0
+    """
+    (loop,) = build(source).loops
+    assert (loop.gate.kind, code(loop.gate.k)) == ("counter", "K")
+
+
+def test_micro_step_loop_owns_no_step_so_the_outer_loop_is_the_training_loop():
+    source = """
+    while True:
+        for micro in range(accum):
+            scaler.scale(model(x) / accum).backward()
+        scaler.step(opt)
+        scaler.update()
+    """
+    (loop,) = build(source).loops
+    assert isinstance(loop.node, libcst.While)
+    assert (loop.gate.kind, code(loop.gate.k)) == ("micro-loop", "accum")
+
+
+@pytest.mark.parametrize(
+    "lines, state",
+    [
+        (["loss = crit(model(x), y)"], "undivided"),
+        (["out = model(**batch)", "loss = out.loss"], "undivided"),
+        (["logits, loss = model(X, Y)"], "undivided"),
+        (["loss = crit(model(x), y)", "loss /= K"], "divided"),
+        (["loss = crit(model(x), y) * (1.0 / K)"], "divided"),
+        (["inv = 1 / K", "loss = crit(model(x), y) * inv"], "divided"),
+        (["loss = crit(model(x), y).div(K)"], "divided"),
+        (["loss = compute_loss(model, x)"], "unknown"),
+        (["loss = crit(model(x), y)", "loss = loss + aux / K"], "divided"),
+    ],
+)
+def test_loss_dataflow(lines, state):
+    body = "\n".join(f"    {line}" for line in lines)
+    header = "from lib import compute_loss\nmodel = Net()\n"
+    source = f"{header}for x, y in dl:\n{body}\n    loss.backward()\n"
+    model = build(source)
+    (loop,) = model.loops
+    assert model.flow(loop.backwards[0]).state == state
+
+
+def test_loss_from_a_helper_returning_a_tuple():
+    source = """
+    def compute(model, x):
+        out = model(x)
+        return out.loss / ACCUM, out.logits
+
+    for x in dl:
+        loss, logits = compute(model, x)
+        loss.backward()
+    """
+    model = build(source)
+    assert model.flow(model.loops[0].backwards[0]).state == "divided"
+
+
+def test_describe_loops_reports_k_branch_and_dataflow():
+    source = textwrap.dedent(
+        """
+        import torch
+
+        scaler = torch.amp.GradScaler("cuda", enabled=args.fp16)
+        for i, (x, y) in enumerate(dl):
+            loss = crit(model(x), y)
+            loss = loss / args.accum
+            scaler.scale(loss).backward()
+            if (i + 1) % args.accum == 0:
+                scaler.step(opt)
+                scaler.update()
+        """
+    )
+    (loop,) = describe_loops(source, "train.py")["loops"]
+    assert (loop["function"], loop["line"], loop["kind"]) == ("<module>", 5, "for")
+    assert loop["scalers"] == [{"name": "scaler", "enabled": "at runtime", "line": 4}]
+    assert loop["accumulation"]["k"] == "args.accum"
+    assert loop["accumulation"]["line"] == 9
+    assert loop["step_branch"] == {
+        "kind": "modulo",
+        "condition": "(i + 1) % args.accum == 0",
+        "line": 9,
+    }
+    assert [s["kind"] for s in loop["update_step_only"]] == ["scaler_step", "scaler_update"]
+    assert [s["kind"] for s in loop["every_micro_step"]] == ["backward"]
+    (backward,) = loop["backwards"]
+    assert [(s["code"], s["line"]) for s in backward["dataflow"]] == [
+        ("loss = crit(model(x), y)", 6),
+        ("loss = loss / args.accum", 7),
+        ("scaler.scale(loss).backward()", 8),
+    ]
+    assert backward["loss"] == "divided"
+
+
+def test_syntax_error_is_a_parse_failure():
+    with pytest.raises(ParseFailure) as raised:
+        analyze_source("for x in dl:\n    loss.backward(\n", "bad.py", ["ACL101"])
+    assert raised.value.line >= 2
+
+
+def test_file_without_training_loop_has_no_loops():
+    source = "import torch\n\ndef f(loss):\n    loss.backward()\n"
+    assert describe_loops(source, "f.py") == {"file": "f.py", "loops": []}

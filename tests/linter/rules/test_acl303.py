@@ -1,0 +1,182 @@
+"""ACL303 per-microstep-clipping: clip/unscale outside the sync or step condition."""
+
+from __future__ import annotations
+
+import textwrap
+
+ACCELERATE = """
+from accelerate import Accelerator
+
+accelerator = Accelerator(gradient_accumulation_steps=4)
+model, opt, dl = accelerator.prepare(model, opt, dl)
+for batch in dl:
+    with accelerator.accumulate(model):
+        accelerator.backward(model(**batch).loss)
+        accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)  # keep me
+        opt.step(); opt.zero_grad()
+"""
+
+
+def test_accelerate_clip_is_flagged_and_fixed(acl303, at):
+    assert acl303.findings(ACCELERATE) == [("ACL303", *at(ACCELERATE, "accelerator.clip_grad"))]
+    assert acl303.fixed(ACCELERATE) == textwrap.dedent(ACCELERATE).replace(
+        "        accelerator.clip_grad_norm_",
+        "        if accelerator.sync_gradients:\n            accelerator.clip_grad_norm_",
+    )
+
+
+def test_raw_amp_unscale_and_clip_share_one_if(acl303, at):
+    source = """
+    import torch
+
+    scaler = torch.amp.GradScaler("cuda")
+    for i, (x, y) in enumerate(dl):
+        scaler.scale(crit(model(x), y) / K).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if (i + 1) % K == 0 or i + 1 == len(dl):
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    """
+    assert acl303.findings(source) == [
+        ("ACL303", *at(source, "scaler.unscale_(opt)")),
+        ("ACL303", *at(source, "torch.nn.utils.clip_grad_norm_")),
+    ]
+    expected = (
+        "    if (i + 1) % K == 0 or i + 1 == len(dl):\n"
+        "        scaler.unscale_(opt)\n"
+        "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+    )
+    assert expected in acl303.fixed(source)
+
+
+def test_helper_function_with_module_alias(acl303, at):
+    source = """
+    import torch.nn.utils as U
+
+    def train_one_epoch(model, loader, opt, scaler, accum):
+        for i, (x, y) in enumerate(loader):
+            scaler.scale(crit(model(x), y) / accum).backward()
+            U.clip_grad_value_(model.parameters(), 0.5)
+            if (i + 1) % accum == 0:
+                scaler.step(opt)
+                scaler.update()
+    """
+    assert acl303.findings(source) == [("ACL303", *at(source, "U.clip_grad_value_"))]
+    assert "        if (i + 1) % accum == 0:\n            U.clip_grad_value_(" in acl303.fixed(
+        source
+    )
+
+
+def test_while_loop_with_counter_and_early_gate(acl303, at):
+    source = """
+    from torch.nn.utils import clip_grad_norm_ as clip
+
+    micro = 0
+    while True:
+        (crit(model(next(it))) / K).backward()
+        micro += 1
+        clip(model.parameters(), 1.0)
+        if micro >= K:
+            opt.step(); opt.zero_grad()
+            micro = 0
+    """
+    assert acl303.findings(source) == [("ACL303", *at(source, "clip(model"))]
+    assert "    if micro >= K:\n        clip(model.parameters(), 1.0)\n" in acl303.fixed(source)
+
+
+def test_trainer_method_with_self_accelerator(acl303, at):
+    source = """
+    class Trainer:
+        def train(self):
+            for batch in self.loader:
+                with self.accelerator.accumulate(self.model):
+                    self.accelerator.backward(self.model(**batch).loss)
+                    self.accelerator.clip_grad_norm_(self.model.parameters(), 1.0)
+                    self.optimizer.step()
+    """
+    assert acl303.findings(source) == [("ACL303", *at(source, "self.accelerator.clip"))]
+    assert "if self.accelerator.sync_gradients:\n" in acl303.fixed(source)
+
+
+def test_logged_norm_is_reported_without_fix(acl303, at):
+    source = """
+    for batch in dl:
+        with accelerator.accumulate(model):
+            accelerator.backward(model(**batch).loss)
+            grad_norm = accelerator.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            log({"grad_norm": grad_norm})
+    """
+    (diagnostic,) = acl303.diagnostics(source)
+    assert (diagnostic.start.line, diagnostic.start.column) == at(source, "accelerator.clip")
+    assert diagnostic.fix is None
+
+
+def test_nanogpt_style_clip_inside_the_micro_step_loop(acl303, at):
+    source = """
+    while True:
+        for micro_step in range(gradient_accumulation_steps):
+            scaler.scale(model(X, Y)[1] / gradient_accumulation_steps).backward()
+            scaler.unscale_(optimizer)
+        scaler.step(optimizer)
+        scaler.update()
+    """
+    assert acl303.findings(source) == [("ACL303", *at(source, "scaler.unscale_"))]
+
+
+# --- must not flag ---------------------------------------------------------------------------
+
+
+def test_clip_under_sync_gradients(acl303):
+    source = ACCELERATE.replace(
+        "        accelerator.clip_grad_norm_",
+        "        if accelerator.sync_gradients:\n            accelerator.clip_grad_norm_",
+    )
+    assert acl303.findings(source) == []
+
+
+def test_clip_after_early_continue_on_sync_gradients(acl303):
+    source = """
+    for batch in dl:
+        with accelerator.accumulate(model):
+            accelerator.backward(model(**batch).loss)
+            if not accelerator.sync_gradients:
+                continue
+            accelerator.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+    """
+    assert acl303.findings(source) == []
+
+
+def test_clip_under_the_step_condition(acl303):
+    source = """
+    for i, (x, y) in enumerate(dl):
+        (crit(model(x), y) / K).backward()
+        if (i + 1) % K != 0:
+            continue
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+
+    for i, (x, y) in enumerate(dl):
+        (crit(model(x), y) / K).backward()
+        if (i + 1) % K == 0:
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(opt)
+    """
+    assert acl303.findings(source) == []
+
+
+def test_loop_without_accumulation(acl303):
+    source = """
+    for x, y in dl:
+        crit(model(x), y).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+    """
+    assert acl303.findings(source) == []
