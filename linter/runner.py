@@ -26,8 +26,9 @@ from linter.selection import PARSE_ERROR
 from linter.source import SourceError, decode, read_bytes, write_atomic
 from linter.types import Diagnostic, Position
 
+# "backward" only as a call: prose such as "backward compatible" fills half the files of a library.
 PREFILTER = re.compile(
-    rb"backward|autocast|GradScaler|clip_grad|Accelerator|no_sync|zero_grad|gradient_accumulation"
+    rb"backward\s*\(|autocast|GradScaler|clip_grad|Accelerator|no_sync|zero_grad|gradient_accumulation"
 )
 POOL_THRESHOLD = 32  # files to analyse before a process pool pays for its start-up
 FixMode = Literal["none", "write", "diff"]

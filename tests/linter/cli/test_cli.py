@@ -133,7 +133,7 @@ def test_syntax_error_is_acl000_and_the_run_continues(project, fake_rules, invok
 
 
 def test_undecodable_and_missing_files_are_diagnostics(project, fake_rules, invoke):
-    (project / "latin.py").write_bytes(b"x = '\xe9'  # backward\n")
+    (project / "latin.py").write_bytes(b"x = '\xe9'  # loss.backward()\n")
     result = invoke("--output-format", "concise", "latin.py", "missing.py")
     assert result.exit_code == 1
     assert "latin.py:1:1: ACL000 cannot decode file" in result.stdout
@@ -208,3 +208,22 @@ def test_relative_paths_are_shown_relative(project, fake_rules, invoke):
     result = invoke("--output-format", "concise", str(project / "sub"))
     assert result.stdout.startswith(f"sub{os.sep}t.py:4:5:")
     assert Path("sub/t.py").exists()
+
+
+def test_prefilter_words():
+    from linter.runner import PREFILTER
+
+    for text in [
+        "loss.backward()",
+        "scaler.scale(loss).backward (retain_graph=True)",
+        "with torch.autocast('cuda'):",
+        "scaler = GradScaler()",
+        "clip_grad_norm_(p, 1)",
+        "from accelerate import Accelerator",
+        "with model.no_sync():",
+        "opt.zero_grad()",
+        "args.gradient_accumulation_steps",
+    ]:
+        assert PREFILTER.search(text.encode()), text
+    for text in ["# kept for backward compatibility", "def add(a, b):\n    return a + b\n"]:
+        assert not PREFILTER.search(text.encode()), text
