@@ -231,7 +231,20 @@ def write_report(path: str) -> None:
         json.dump(rows, fh, indent=1)
 
 
+_before_exit: list = []
+
+
+def before_exit(fn) -> None:
+    """Run `fn()` once at exit, before the report is written (end-of-run checks)."""
+    _before_exit.append(fn)
+
+
 def _at_exit() -> None:
+    for fn in _before_exit:
+        try:
+            fn()
+        except GuardError:  # an end-of-run error is already recorded as a finding
+            pass
     s = _state.settings
     if s.report_path:
         write_report(s.report_path)

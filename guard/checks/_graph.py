@@ -1,0 +1,72 @@
+"""Reading a loss's autograd graph near its root: constant factors and the token-mean node.
+
+Saved attributes such as `_saved_other` and `_saved_reduction` are not public API, so every read
+is guarded: when a torch build lacks them the answer is "unknown" and the checks stay silent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_FACTOR_NODES = {"DivBackward0": -1, "MulBackward0": 1}
+_MAX_NODES = 32  # bound the walk: a loss graph's root chain is short, the graph behind it is not
+
+
+def _scalar(value: Any) -> float | None:
+    """A Python number for a plain or 0-dim saved operand, else None."""
+    try:
+        if hasattr(value, "numel") and value.numel() != 1:
+            return None
+        return float(value)
+    except Exception:
+        return None
+
+
+def root_factor(loss: Any, scaled: bool = False) -> float | None:
+    """The product of the constant factors at the root of `loss`'s graph (`/ 4` gives 0.25).
+
+    Walks the chain of `DivBackward0`/`MulBackward0` nodes whose other operand is a constant and
+    returns 1.0 when the root is not such a node; None when the graph cannot be read. `scaled`:
+    the root is `GradScaler.scale`'s multiplication by S, which does not count.
+    """
+    node = getattr(loss, "grad_fn", None)
+    factor = 1.0
+    for index in range(_MAX_NODES):
+        sign = _FACTOR_NODES.get(type(node).__name__) if node is not None else None
+        if sign is None:
+            return factor
+        try:
+            other = _scalar(node._saved_other)
+            inputs = [fn for fn, _ in node.next_functions if fn is not None]
+        except (AttributeError, RuntimeError):  # attribute missing, or graph already freed
+            return None
+        if other is None or other == 0 or len(inputs) != 1:
+            return factor  # a tensor-by-tensor product: not a constant factor
+        if not (scaled and index == 0):
+            factor *= other if sign > 0 else 1.0 / other
+        node = inputs[0]
+    return factor
+
+
+def token_mean_count(loss: Any) -> Any:
+    """The valid-token count of a mean-reduced NLL/cross-entropy node near the root, or None.
+
+    Returns the saved total weight (a 0-dim tensor, read later to avoid a host sync) when the
+    first `NllLossBackward0` found has `reduction == mean`; None for sums or non-token losses.
+    """
+    node = getattr(loss, "grad_fn", None)
+    frontier, seen = [node] if node is not None else [], 0
+    while frontier and seen < _MAX_NODES:
+        node = frontier.pop(0)
+        seen += 1
+        if type(node).__name__ in ("NllLossBackward0", "NllLoss2DBackward0"):
+            try:
+                reduction, total = node._saved_reduction, node._saved_total_weight
+            except (AttributeError, RuntimeError):
+                return None
+            return total if reduction == 1 else None
+        try:
+            frontier.extend(fn for fn, _ in node.next_functions if fn is not None)
+        except (AttributeError, RuntimeError):
+            return None
+    return None

@@ -1,0 +1,169 @@
+"""Event sources the accumulation, DDP and evaluation checks need beyond the tracker's own.
+
+They follow the tracker's rules: each patch goes through `guard._patch` (so `uninstall()` restores
+it) and only emits an event; the checks subscribe. `ensure(tracker, name, ...)` installs a source
+once per installation. Events (payloads as keyword arguments):
+
+- `loader_next(iterator)`: a torch DataLoader iterator produced a batch (Accelerate's prepared
+  loaders fetch one batch ahead through the same iterator).
+- `loader_end(iterator)`: that iterator is exhausted (its pass over the loader ended).
+- `sampler_iter(sampler)`: a `DistributedSampler` starts a pass.
+- `ddp_created(module)`: a `DistributedDataParallel` wrapper was built.
+- `ddp_forward(module, sync)`: a DDP forward with gradients enabled; `sync` is the wrapper's
+  `require_backward_grad_sync` (False under `no_sync()`), read when DDP reads it.
+- `train_mode(module, mode)`: the outermost `Module.train(mode)` / `Module.eval()` call.
+- `gather(accelerator)`: the user called `Accelerator.gather` (not via `gather_for_metrics`).
+- `finish()`: the run is ending, before the guard writes its report (end-of-run checks).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from guard import _install, _patch, _report
+
+_local = threading.local()
+
+
+def ensure(tracker, *names: str) -> None:
+    """Install the named sources (idempotent while the guard stays installed)."""
+    for name in names:
+        _SOURCES[name](tracker)
+
+
+def _installed(owner: Any, attribute: str) -> bool:
+    return hasattr(getattr(owner, attribute, None), "__guard_original__")
+
+
+def _loader(tracker) -> None:
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    if _installed(_BaseDataLoaderIter, "__next__"):
+        return
+    original = _BaseDataLoaderIter.__next__
+
+    @_patch.wraps_original(original)
+    def __next__(iterator):
+        try:
+            batch = original(iterator)
+        except StopIteration:
+            tracker.emit("loader_end", iterator=iterator)
+            raise
+        tracker.emit("loader_next", iterator=iterator)
+        return batch
+
+    _patch.patch(_BaseDataLoaderIter, "__next__", __next__)
+
+
+def _sampler(tracker) -> None:
+    from torch.utils.data.distributed import DistributedSampler
+
+    if _installed(DistributedSampler, "__iter__"):
+        return
+    original = DistributedSampler.__iter__
+
+    @_patch.wraps_original(original)
+    def __iter__(sampler):
+        tracker.emit("sampler_iter", sampler=sampler)
+        return original(sampler)
+
+    _patch.patch(DistributedSampler, "__iter__", __iter__)
+
+
+def _ddp(tracker) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if _installed(DDP, "forward"):
+        return
+    init, forward = DDP.__init__, DDP.forward
+
+    @_patch.wraps_original(init)
+    def __init__(module, *args, **kwargs):
+        init(module, *args, **kwargs)
+        tracker.emit("ddp_created", module=module)
+
+    @_patch.wraps_original(forward)
+    def guarded_forward(module, *args, **kwargs):
+        if torch.is_grad_enabled():
+            sync = bool(getattr(module, "require_backward_grad_sync", True))
+            tracker.emit("ddp_forward", module=module, sync=sync)
+        return forward(module, *args, **kwargs)
+
+    _patch.patch(DDP, "__init__", __init__)
+    _patch.patch(DDP, "forward", guarded_forward)
+
+
+def _train_mode(tracker) -> None:
+    if _installed(torch.nn.Module, "train"):
+        return
+    original = torch.nn.Module.train
+
+    @_patch.wraps_original(original)
+    def train(module, mode: bool = True):
+        depth = getattr(_local, "train_depth", 0)
+        _local.train_depth = depth + 1
+        try:
+            result = original(module, mode)
+        finally:
+            _local.train_depth = depth
+        if depth == 0 and isinstance(mode, bool):
+            tracker.emit("train_mode", module=module, mode=mode)
+        return result
+
+    _patch.patch(torch.nn.Module, "train", train)
+
+
+def _gather(tracker) -> None:
+    def patch_accelerate(_module) -> None:
+        from accelerate import Accelerator
+
+        if _installed(Accelerator, "gather"):
+            return
+        gather, for_metrics = Accelerator.gather, Accelerator.gather_for_metrics
+
+        @_patch.wraps_original(gather)
+        def gather_(accelerator, tensor):
+            if not getattr(_local, "in_gather_for_metrics", False):
+                tracker.emit("gather", accelerator=accelerator)
+            return gather(accelerator, tensor)
+
+        @_patch.wraps_original(for_metrics)
+        def gather_for_metrics_(accelerator, *args, **kwargs):
+            previous, _local.in_gather_for_metrics = _in_gfm(), True
+            try:
+                return for_metrics(accelerator, *args, **kwargs)
+            finally:
+                _local.in_gather_for_metrics = previous
+
+        _patch.patch(Accelerator, "gather", gather_)
+        _patch.patch(Accelerator, "gather_for_metrics", gather_for_metrics_)
+
+    _install.when_imported("accelerate", patch_accelerate)
+
+
+def _in_gfm() -> bool:
+    return getattr(_local, "in_gather_for_metrics", False)
+
+
+_finish_hooked: list = []
+
+
+def _finish(tracker) -> None:
+    """One exit hook per process; it reaches whichever checks are subscribed at exit time."""
+    if not _finish_hooked:
+        _finish_hooked.append(True)
+        _report.before_exit(lambda: tracker.emit("finish") if tracker.active else None)
+
+
+_SOURCES: dict[str, Callable[[Any], None]] = {
+    "loader": _loader,
+    "sampler": _sampler,
+    "ddp": _ddp,
+    "train_mode": _train_mode,
+    "gather": _gather,
+    "finish": _finish,
+}

@@ -1,0 +1,74 @@
+"""ACL303: clipping or unscaling partial gradient sums on a non-sync micro-step.
+
+Accelerate: a clip or `unscale_` while `accelerator.sync_gradients` is False (N > 1) is refused
+before it runs. Plain loops have no sync flag, so the window shows it: gradients clipped (or
+unscaled) and then another backward adds to them before any optimizer step. That is reported
+right after that backward: still before the step, and before torch's "unscale_() has already
+been called" error in fp16. The engine checks its own `clip_grad_norm_` (E1).
+"""
+
+from __future__ import annotations
+
+from guard.checks._common import report
+
+CODES = ("ACL303",)
+_KEY = "ACL303"
+
+
+def install(tracker) -> None:
+    def before_clip(kind, states, via, **_) -> None:
+        if via == "engine":
+            return
+        _refuse_off_sync(tracker, states, f"clip_grad_{kind}_")
+        for st in states:
+            if st.prepared_by is None:  # prepared optimizers are judged by the sync flag
+                st.extra[_KEY] = f"clip_grad_{kind}_"
+
+    def before_unscale(state, **_) -> None:
+        _refuse_off_sync(tracker, [state], "unscale_")
+
+    def after_unscale(state, **_) -> None:
+        if state.prepared_by is None:
+            state.extra.setdefault(_KEY, "scaler.unscale_")
+
+    tracker.subscribe("clip", before_clip)
+    tracker.subscribe("unscale_pre", before_unscale)
+    tracker.subscribe("unscale", after_unscale)
+    tracker.subscribe("backward", _after_backward)
+    tracker.subscribe("optimizer_step", lambda state, **_: state.extra.pop(_KEY, None))
+    tracker.subscribe("scaler_step", lambda state, **_: state.extra.pop(_KEY, None))
+    tracker.subscribe("zero_grad", _forget)
+
+
+def _forget(states, **_) -> None:
+    for st in states:
+        st.extra.pop(_KEY, None)
+
+
+def _refuse_off_sync(tracker, states, what: str) -> None:
+    for st in states:
+        accelerator = st.prepared_by
+        n = getattr(accelerator, "gradient_accumulation_steps", 1) if accelerator else 1
+        if n > 1 and not accelerator.sync_gradients:
+            report(
+                "ACL303",
+                f"{what} on a non-sync micro-step ({st.backwards} of {n} micro-batches "
+                "accumulated): it acts on a partial sum (and a second unscale_ in the window "
+                "fails in fp16); put it under `if accelerator.sync_gradients:`",
+            )
+            return
+
+
+def _after_backward(states, via, **_) -> None:
+    """A backward added to gradients already clipped/unscaled in this window (before the step)."""
+    for st in states:
+        what = st.extra.get(_KEY)
+        if what is None or via == "engine":
+            continue
+        report(
+            "ACL303",
+            f"{what} ran after {st.backwards - 1} backward pass(es), then another backward added "
+            "to those gradients before any optimizer step: it acted on a partial sum "
+            "(clip(a) + b != clip(a + b)); clip only in the branch that steps the optimizer",
+        )
+        return

@@ -1,0 +1,54 @@
+"""ACL304: `zero_grad()` that throws away micro-batches no optimizer step has consumed yet.
+
+A zero_grad is a discard when a backward reached the optimizer since its last step and no
+optimizer at all stepped after that backward (a GAN's `opt_d.zero_grad()` clearing what the
+generator's backward left in D is not a discard: `opt_g.step()` consumed that backward). Prepared
+optimizers only really zero on sync steps, so there the discard is reported at once. In plain
+loops a single discard before the first step is allowed (a sanity-check backward followed by
+zero_grad); the second one, or any after training started, raises before the window is lost.
+"""
+
+from __future__ import annotations
+
+from guard.checks._common import report
+
+CODES = ("ACL304",)
+
+
+def install(tracker) -> None:
+    last_step = {"backward_id": 0}
+
+    def after_step(**_) -> None:
+        last_step["backward_id"] = tracker.backward_id
+
+    def before_zero_grad(owner, states, **_) -> None:
+        if tracker.backward_id == last_step["backward_id"]:
+            return  # every backward so far was followed by some optimizer step
+        for st in states:
+            if st.contrib_backwards and _is_discard(st):
+                _report(owner, st)
+                return
+
+    tracker.subscribe("optimizer_step", after_step)
+    tracker.subscribe("zero_grad", before_zero_grad)
+
+
+def _is_discard(st) -> bool:
+    if st.prepared_by is not None or st.steps > 0:
+        return True
+    seen = st.extra.get("ACL304_discards", 0)
+    st.extra["ACL304_discards"] = seen + 1
+    return seen > 0
+
+
+def _report(owner, st) -> None:
+    k = st.contrib_backwards
+    n = getattr(st.prepared_by, "gradient_accumulation_steps", None)
+    window = f" of a {n}-micro-batch window" if n else ""
+    where = "the top of the accumulate() block" if n else "every micro-batch"
+    report(
+        "ACL304",
+        f"{type(owner).__name__}.zero_grad() discards the gradients of {k} micro-batch(es){window} "
+        "that no optimizer step has used, so the step sees only the micro-batches after it; "
+        f"call zero_grad() right after optimizer.step(), not at {where}",
+    )

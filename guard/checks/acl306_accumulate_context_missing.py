@@ -1,0 +1,51 @@
+"""ACL306: `gradient_accumulation_steps=N > 1` but the optimizer steps on backward passes made
+outside `accelerator.accumulate()`.
+
+`accelerator.backward` divides by N either way, but only `accumulate()` advances the micro-step
+counter; without it the prepared optimizer steps on every batch with 1/N of the gradient. A loop
+that gates the step on N itself is fine (N passes reach the step), so the check runs at the step,
+before it changes any parameter. The engine checks its own loops (E1).
+"""
+
+from __future__ import annotations
+
+from guard.checks._common import report
+
+CODES = ("ACL306",)
+_KEY = "ACL306_outside"
+
+
+def install(tracker) -> None:
+    depth = {"accumulate": 0}
+
+    def enter(**_) -> None:
+        depth["accumulate"] += 1
+
+    def leave(**_) -> None:
+        depth["accumulate"] = max(0, depth["accumulate"] - 1)
+
+    def after_backward(states, via, **_) -> None:
+        if via == "accelerate" and depth["accumulate"] == 0:
+            for st in states:
+                st.extra[_KEY] = st.extra.get(_KEY, 0) + 1
+
+    tracker.subscribe("accumulate_enter", enter)
+    tracker.subscribe("accumulate_exit", leave)
+    tracker.subscribe("backward", after_backward)
+    tracker.subscribe("optimizer_step_pre", _before_step)
+    tracker.subscribe("optimizer_step", lambda state, **_: state.extra.pop(_KEY, None))
+
+
+def _before_step(state, **_) -> None:
+    outside = state.extra.get(_KEY, 0)
+    accelerator = state.prepared_by
+    n = getattr(accelerator, "gradient_accumulation_steps", 1) if accelerator else 1
+    if not outside or n <= 1 or state.backwards >= n:
+        return
+    report(
+        "ACL306",
+        f"gradient_accumulation_steps={n}, but this optimizer step uses {state.backwards} "
+        f"backward pass(es) made outside accelerator.accumulate(), each divided by {n}: the "
+        f"update is {state.backwards}/{n} of the intended gradient and no accumulation happens; "
+        "wrap the forward, backward and optimizer calls in `with accelerator.accumulate(model):`",
+    )

@@ -1,0 +1,75 @@
+"""ACL307: a pass over a sized loader ends with micro-batches that no optimizer step consumed.
+
+The loop stepped during the pass (so it steps per window, not once per epoch), yet backward
+passes made since the last step are still in `.grad` when the loader is exhausted: the gate has
+no last-batch clause, and the tail either leaks into the next epoch's first window or is lost.
+Accelerate's prepared loaders flush the tail themselves (their inner loader ends one batch
+early, while Accelerate's loader is still active), and iterable datasets may span windows across
+epochs on purpose; both are left alone.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+
+from guard.checks import _sources
+from guard.checks._common import report
+
+CODES = ("ACL307",)
+
+
+def install(tracker) -> None:
+    _sources.ensure(tracker, "loader")
+    steps_at_start: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def first_batch(iterator, **_) -> None:
+        if iterator not in steps_at_start:
+            steps_at_start[iterator] = _total_steps(tracker)
+
+    def pass_ended(iterator, **_) -> None:
+        start = steps_at_start.pop(iterator, None)
+        if start is None or start == _total_steps(tracker) or not _sized(iterator):
+            return
+        if _accelerate_loader_active():
+            return
+        for st in list(tracker.optimizers.values()):
+            if st.backwards and st.prepared_by is None:
+                _report(iterator, st)
+                return
+
+    tracker.subscribe("loader_next", first_batch)
+    tracker.subscribe("loader_end", pass_ended)
+
+
+def _total_steps(tracker) -> int:
+    return sum(st.steps for st in list(tracker.optimizers.values()))
+
+
+def _sized(iterator) -> bool:
+    try:
+        len(iterator._dataset)
+    except (TypeError, AttributeError, NotImplementedError):
+        return False
+    return True
+
+
+def _accelerate_loader_active() -> bool:
+    state_mod = sys.modules.get("accelerate.state")
+    if state_mod is None:
+        return False
+    shared = getattr(state_mod.GradientState, "_shared_state", {})
+    return shared.get("active_dataloader") is not None
+
+
+def _report(iterator, st) -> None:
+    windows = [w for w in st.windows if w] or [0]
+    n = max(set(windows), key=windows.count)
+    total = len(iterator) if hasattr(iterator, "__len__") else "?"
+    report(
+        "ACL307",
+        f"the loader is exhausted ({total} batches) with {st.backwards} micro-batch(es) of an "
+        f"unfinished window (steps use {n}) still in .grad: they never reach the optimizer in "
+        "this epoch, leak into the next epoch's first window, and are lost after the last "
+        "epoch; add a last-batch clause to the step gate (`or i + 1 == len(loader)`)",
+    )
