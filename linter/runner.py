@@ -181,6 +181,7 @@ def lint_job(job: Job) -> FileResult:
             return FileResult(job.shown, diagnostics)
         outcome = fixer.fix_text(source.text, analyse, job.unsafe, source.newline, diagnostics)
         result = FileResult(job.shown, outcome.diagnostics, outcome.fixed, error=outcome.error)
+        result.cacheable = outcome.error is None  # a fix error is reported again on every run
         if outcome.text != source.text:
             new_data = source.encode(outcome.text)
             if job.mode == "write":
