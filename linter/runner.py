@@ -173,7 +173,8 @@ def lint_job(job: Job) -> FileResult:
         return FileResult(job.shown, [_file_error(job.shown, str(exc))])
 
     def analyse(text: str) -> list[Diagnostic]:
-        return noqa.apply(text, analyze_source(text, job.shown, job.codes))
+        found = analyze_source(text, job.shown, job.codes)
+        return noqa.apply(text, [d for d in found if d.code in job.codes])
 
     try:
         diagnostics = analyse(source.text)

@@ -6,6 +6,9 @@ The text is built as (text, style) segments; rich is imported only when colour i
 
 from __future__ import annotations
 
+import difflib
+
+from linter.fixer import apply_fixes
 from linter.output import Context, column, fixable, summary
 from linter.source import SourceError, decode, read_bytes, split_lines
 from linter.types import Diagnostic
@@ -15,10 +18,10 @@ CONTEXT_LINES = 1
 MAX_LINES = 6
 
 
-def _source_lines(path: str, memo: dict[str, list[str] | None]) -> list[str] | None:
+def _source(path: str, memo: dict[str, str | None]) -> str | None:
     if path not in memo:
         try:
-            memo[path] = split_lines(decode(read_bytes(path)).text)
+            memo[path] = decode(read_bytes(path)).text
         except SourceError:
             memo[path] = None
     return memo[path]
@@ -63,27 +66,46 @@ def _window(diagnostic: Diagnostic, lines: list[str]) -> tuple[int, int]:
     return max(1, start.line - CONTEXT_LINES), last
 
 
-def footer(diagnostic: Diagnostic, width: int) -> list[Segment]:
+def footer(diagnostic: Diagnostic, width: int, text: str | None) -> list[Segment]:
     pad = " " * (width + 1)
     segments: list[Segment] = []
     if diagnostic.fix is not None:
         unsafe = " (unsafe)" if diagnostic.fix.applicability == "unsafe" else ""
         segments.append((f"{pad}= help: {diagnostic.fix.message}{unsafe}\n", "cyan"))
+        if text is not None:
+            segments += fix_preview(diagnostic, text, pad)
     segments += [(f"{pad}= note: {note}\n", "") for note in diagnostic.notes]
     return segments
 
 
+def fix_preview(diagnostic: Diagnostic, text: str, pad: str) -> list[Segment]:
+    """The lines this diagnostic's own fix changes, as - / + lines (at most MAX_LINES of each)."""
+    fixed, applied = apply_fixes(text, [diagnostic.fix])
+    if not applied:
+        return []
+    before, after = split_lines(text), split_lines(fixed)
+    segments: list[Segment] = []
+    matcher = difflib.SequenceMatcher(a=before, b=after, autojunk=False)
+    for tag, a1, a2, b1, b2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        segments += [(f"{pad}- {line}\n", "red") for line in before[a1:a2][:MAX_LINES]]
+        segments += [(f"{pad}+ {line}\n", "green") for line in after[b1:b2][:MAX_LINES]]
+    return segments
+
+
 def segments_for(diagnostics: list[Diagnostic], context: Context) -> list[Segment]:
-    memo: dict[str, list[str] | None] = {}
+    memo: dict[str, str | None] = {}
     segments: list[Segment] = []
     for diagnostic in diagnostics:
         segments += header(diagnostic, context)
-        lines = _source_lines(diagnostic.path, memo)
+        text = _source(diagnostic.path, memo)
+        lines = split_lines(text) if text is not None else []
         width = 0
         if lines and diagnostic.start.line <= len(lines):
             segments += excerpt(diagnostic, lines)
             width = len(str(_window(diagnostic, lines)[1]))
-        segments += footer(diagnostic, width)
+        segments += footer(diagnostic, width, text if lines else None)
         segments.append(("\n", ""))
     segments.append((summary(diagnostics, context) + "\n", "bold" if diagnostics else "green"))
     return segments

@@ -15,7 +15,7 @@ def lint(project, invoke, *args):
     return invoke("--no-cache", *args)
 
 
-def test_full_shows_excerpt_caret_help_and_summary(project, fake_rules, invoke):
+def test_full_shows_excerpt_caret_fix_preview_and_summary(project, fake_rules, invoke):
     result = lint(project, invoke)
     assert result.exit_code == 1
     assert result.stdout.startswith(
@@ -27,10 +27,16 @@ def test_full_shows_excerpt_caret_help_and_summary(project, fake_rules, invoke):
         "4 |     clip_grad_norm_(p, 1)\n"
         "  |\n"
         "  = help: Use `accelerator.backward(loss)`\n"
+        "  -     loss.backward()\n"
+        "  +     accelerator.backward(loss)\n"
         "\n"
         "train.py:4:5: ACL303 clip per micro-step\n"
     )
-    assert "  = help: Comment out the clip (unsafe)\n" in result.stdout
+    assert (
+        "  = help: Comment out the clip (unsafe)\n"
+        "  -     clip_grad_norm_(p, 1)\n"
+        "  +     # clip_grad_norm_(p, 1)\n"
+    ) in result.stdout
     assert result.stdout.endswith(
         "Found 2 errors.\n[*] 1 fixable with `--fix` (1 unsafe fix available with "
         "`--fix --unsafe-fixes`).\n"
