@@ -21,6 +21,11 @@ def export_to_children() -> None:
     os.environ["ACCEL_GUARD"] = _report.mode()
 
 
+def _is_first_process() -> bool:
+    """Not a child of a guarded process, and rank 0 (or no rank) under torchrun."""
+    return not os.environ.get("ACCEL_GUARD_CHILD") and os.environ.get("LOCAL_RANK", "0") == "0"
+
+
 def run_script(path: str, argv: list[str], module: bool = False) -> None:
     """Install the checks, then run `path` (or module `path` when `module`) as `__main__`.
 
@@ -28,8 +33,8 @@ def run_script(path: str, argv: list[str], module: bool = False) -> None:
     then binds the guarded function.
     """
     report_path = _report._state.settings.report_path
-    if report_path and os.path.exists(report_path) and not os.environ.get("ACCEL_GUARD_CHILD"):
-        os.remove(report_path)  # child processes add to it; start from an empty report
+    if report_path and os.path.exists(report_path) and _is_first_process():
+        os.remove(report_path)  # every process adds its findings at exit: start empty
     if _install.mode_allows():
         import torch  # noqa: F401  (triggers the install registered by `import guard`)
 

@@ -1,0 +1,75 @@
+"""`python -m guard` as users run it: a real subprocess (each costs a torch import, so few)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BAD_102 = ROOT / "fixtures" / "ACL102" / "bad_raw_amp_plain_step.py"
+
+
+def _run(args: list[str], mode: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    environ = {**os.environ, "ACCEL_GUARD": mode, **env}
+    environ.pop("PYTHONPATH", None)
+    return subprocess.run(
+        [sys.executable, "-m", "guard", *args],
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_raise_mode_stops_an_unmodified_script_at_the_users_line(tmp_path):
+    proc = _run([str(BAD_102)], "raise", tmp_path)
+    assert proc.returncode != 0
+    assert "guard._report.GuardError: ACL102" in proc.stderr
+    assert f"{BAD_102}:29" in proc.stderr  # the fixture's optimizer.step() line
+
+
+SPAWNING_SCRIPT = """
+import sys
+import torch
+import torch.multiprocessing as mp
+from torch.nn.utils import clip_grad_norm_   # bound by name before any guard import
+
+
+def clip_scaled(rank):
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # noqa: F841
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale(model(torch.randn(2, 4)).sum()).backward()
+    clip_grad_norm_(model.parameters(), 1.0)          # child: ACL104
+
+
+if __name__ == "__main__":
+    assert sys.argv[1:] == ["--epochs", "1"]
+    clip_scaled(0)                                     # parent: ACL104
+    mp.spawn(clip_scaled, nprocs=1)
+"""
+
+
+def test_warn_mode_covers_imported_names_and_spawned_children(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(SPAWNING_SCRIPT))
+    report = tmp_path / "findings.json"
+    proc = _run([str(script), "--epochs", "1"], "warn", tmp_path, ACCEL_GUARD_REPORT=str(report))
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(report.read_text())
+    assert sorted(r["code"] for r in rows) == ["ACL104", "ACL104"]  # parent and child
+    assert {r["location"] for r in rows} == {f"{script}:13"}
+    assert "accel-guard summary" in proc.stderr and "ACL104" in proc.stderr
+
+
+def test_explain_prints_the_shared_catalogue_text(capsys):
+    from guard.__main__ import main
+    from rules import ALL_RULES
+
+    assert main(["--explain", "ACL101"]) == 0
+    assert ALL_RULES["ACL101"].summary in capsys.readouterr().out
