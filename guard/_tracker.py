@@ -167,6 +167,8 @@ class Tracker:
 
     def state(self, optimizer: Any) -> OptState:
         """The optimizer's state, registering it (and its sentinel hooks) on first sight."""
+        if not self._is_real_optimizer(optimizer):  # e.g. a scheduler built on the wrapper
+            optimizer = optimizer.optimizer
         st = self.optimizers.get(optimizer)
         if st is None:
             st = OptState(weakref.ref(optimizer))

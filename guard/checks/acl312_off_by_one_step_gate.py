@@ -1,0 +1,28 @@
+"""ACL312: the step gate fires one micro-step early: a first window of 1, then windows of k.
+
+`if step % k == 0` over a 0-based `enumerate` steps after the very first micro-batch (1/k of a
+window, already divided by k) and shifts every later window by one. Reported at the second
+optimizer step, when the window shape is known and before that step runs.
+"""
+
+from __future__ import annotations
+
+from guard.checks._common import report
+
+CODES = ("ACL312",)
+
+
+def install(tracker) -> None:
+    tracker.subscribe("optimizer_step_pre", _before_step)
+
+
+def _before_step(state, **_) -> None:
+    if state.steps != 1 or state.windows[:1] != [1] or state.backwards < 2:
+        return
+    k = state.backwards
+    report(
+        "ACL312",
+        f"the first optimizer step used 1 micro-batch and this one uses {k}: the step gate "
+        f"fires one micro-step early (`i % {k} == 0` over a 0-based index), so the first update "
+        f"is 1/{k} of a window and every later window is shifted; use `(i + 1) % {k} == 0`",
+    )
