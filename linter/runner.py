@@ -14,7 +14,6 @@ import re
 import sys
 import traceback
 from collections.abc import Iterable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -152,6 +151,7 @@ def _execute(jobs: list[Job]) -> list[FileResult]:
     if len(jobs) <= POOL_THRESHOLD:
         return [lint_job(job) for job in jobs]
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
     import linter.analysis  # noqa: F401  (imported once here, inherited by forked workers)
 
