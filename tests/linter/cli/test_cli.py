@@ -227,3 +227,56 @@ def test_prefilter_words():
         assert PREFILTER.search(text.encode()), text
     for text in ["# kept for backward compatibility", "def add(a, b):\n    return a + b\n"]:
         assert not PREFILTER.search(text.encode()), text
+
+
+def test_a_fix_that_breaks_the_file_is_never_written(project, monkeypatch, invoke):
+    from linter import analysis
+    from linter.types import Diagnostic, Edit, Fix, Position
+
+    def breaking(source, path, codes):
+        compile(source, path, "exec")  # SyntaxError here would mean broken code was analysed
+        at, end = Position(1, 0), Position(1, 4)
+        fix = Fix("safe", "break it", (Edit(at, end, "def ("),))
+        return [Diagnostic("ACL101", "m", path, at, end, fix)]
+
+    def analyze(source, path, codes):
+        try:
+            return breaking(source, path, codes)
+        except SyntaxError as exc:
+            raise analysis.ParseFailure(exc.msg, exc.lineno or 1, 0) from None
+
+    monkeypatch.setattr(analysis, "analyze_source", analyze)
+    script = project / "train.py"
+    script.write_text("loss.backward()\n")
+    result = invoke("--fix")
+    assert result.exit_code == 2
+    assert script.read_text() == "loss.backward()\n"
+    assert "error: train.py: a fix produced invalid syntax" in result.stderr
+
+
+def test_codes_the_analysis_was_not_asked_for_are_dropped(project, monkeypatch, invoke):
+    from linter import analysis
+    from linter.types import Diagnostic, Position
+
+    def chatty(source, path, codes):
+        at = Position(1, 0)
+        return [Diagnostic(code, "m", path, at, at) for code in ("ACL101", "ACL303")]
+
+    monkeypatch.setattr(analysis, "analyze_source", chatty)
+    (project / "train.py").write_text("loss.backward()\n")
+    result = invoke("--select", "ACL303", "--output-format", "concise")
+    assert result.stdout.splitlines()[0] == "train.py:1:1: ACL303 m"
+    assert "ACL101" not in result.stdout
+
+
+def test_nested_config_applies_to_its_subtree(project, fake_rules, invoke):
+    (project / "pyproject.toml").write_text('[tool.accel-lint]\nselect = ["ACL303"]\n')
+    (project / "sub").mkdir()
+    (project / "sub" / "accel-lint.toml").write_text('select = ["ACL101"]\n')
+    (project / "top.py").write_text(CLIP)
+    (project / "sub" / "inner.py").write_text(CLIP)
+    lines = invoke("--output-format", "concise").stdout.splitlines()
+    assert [line.split(": ")[1].split()[0] for line in lines[:2]] == ["ACL101", "ACL303"]
+    assert lines[0].startswith(os.path.join("sub", "inner.py"))
+    only = invoke("--config", "sub/accel-lint.toml", "--output-format", "concise").stdout
+    assert "ACL303" not in only
