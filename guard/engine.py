@@ -18,13 +18,14 @@ reference points at the top of CATALOG.md, with these documented differences:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
 import torch
 from torch.utils.data import DataLoader
 
 from guard import distributed
+from guard._tracker import TRACKER
 from guard._window import Window
 from guard.prepared import (
     PreparedDataLoader,
@@ -142,6 +143,9 @@ class Engine:
         if isinstance(obj, torch.optim.Optimizer):
             optimizer = PreparedOptimizer(obj, self)
             self._optimizers.append(optimizer)
+            if TRACKER.active:  # the guard's checks judge this optimizer by the engine's rules
+                state = TRACKER.state(obj)
+                state.prepared_by, state.wrapper = self, optimizer
             return optimizer
         if isinstance(obj, DataLoader):
             return PreparedDataLoader(obj, self)
@@ -166,6 +170,8 @@ class Engine:
             raise ValueError("prepare the scheduler's optimizer with (or before) the scheduler")
         prepared = PreparedScheduler(scheduler, owners, self, self.split_batches)
         self._schedulers.append(prepared)
+        if TRACKER.active:
+            TRACKER.prepared_schedulers[scheduler] = (self, prepared)
         return prepared
 
     # -------------------------------------------------------------------------- the window
@@ -193,11 +199,15 @@ class Engine:
             return model.no_sync()
         return contextlib.nullcontext()
 
-    def autocast(self) -> contextlib.AbstractContextManager:
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
         """The engine's autocast region (for code outside the prepared model's forward)."""
-        if self.mixed_precision in _DTYPES:
-            return torch.autocast(self.device.type, dtype=_DTYPES[self.mixed_precision])
-        return contextlib.nullcontext()
+        if self.mixed_precision not in _DTYPES:
+            yield
+            return
+        region = torch.autocast(self.device.type, dtype=_DTYPES[self.mixed_precision])
+        with TRACKER.autocast_origin("engine"), region:
+            yield
 
     # ---------------------------------------------------------------------------- backward
     def backward(self, loss: torch.Tensor, num_items: Any = None, **kwargs: Any) -> None:
@@ -216,6 +226,13 @@ class Engine:
             loss = loss / self.gradient_accumulation_steps
         else:
             self._add_items(num_items)
+        if TRACKER.active:  # tell the guard's checks this backward is the engine's own
+            with TRACKER.owning("engine"):
+                self._run_backward(loss, kwargs)
+        else:
+            self._run_backward(loss, kwargs)
+
+    def _run_backward(self, loss: torch.Tensor, kwargs: dict[str, Any]) -> None:
         if self.scaler is not None:
             self.scaler.scale(loss).backward(**kwargs)
         else:
@@ -272,13 +289,15 @@ class Engine:
         """Unscale (fp16), then clip the total gradient norm; returns the unclipped norm."""
         parameters = list(parameters)
         self.unscale_gradients()
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        with TRACKER.flag("clip_via", "engine"):
+            return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
         """Unscale (fp16), then clamp every gradient element to [-clip_value, clip_value]."""
         parameters = list(parameters)
         self.unscale_gradients()
-        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+        with TRACKER.flag("clip_via", "engine"):
+            torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
     def _before_optimizer_step(self) -> None:
         self._prepare_gradients()

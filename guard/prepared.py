@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from guard import distributed
+from guard._tracker import TRACKER
 
 if TYPE_CHECKING:
     from guard.engine import Engine
@@ -59,8 +60,12 @@ def wrap_forward(model: torch.nn.Module, device_type: str, dtype: torch.dtype) -
     original = model.forward
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        with torch.autocast(device_type, dtype=dtype):
-            outputs = original(*args, **kwargs)
+        if TRACKER.active:  # the guard's autocast checks attribute this region to the engine
+            with TRACKER.autocast_origin("engine"), torch.autocast(device_type, dtype=dtype):
+                outputs = original(*args, **kwargs)
+        else:
+            with torch.autocast(device_type, dtype=dtype):
+                outputs = original(*args, **kwargs)
         return to_fp32(outputs)
 
     model._original_forward = original  # type: ignore[attr-defined]
@@ -121,14 +126,17 @@ class PreparedOptimizer(torch.optim.Optimizer):
         if not self._engine.sync_gradients:
             return None
         self._engine._before_optimizer_step()
+        with TRACKER.flag("step_wrapper", self):
+            result = self._inner_step(closure)
+        self._engine._after_optimizer_step(self)
+        return result
+
+    def _inner_step(self, closure: Any) -> Any:
         scaler = self._engine.scaler
         if scaler is None:
             self.step_was_skipped = False
-            result = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
-        else:
-            result = self._scaled_step(scaler, closure)
-        self._engine._after_optimizer_step(self)
-        return result
+            return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+        return self._scaled_step(scaler, closure)
 
     def _scaled_step(self, scaler: torch.amp.GradScaler, closure: Any) -> Any:
         """`scaler.step` + `scaler.update`; a lower scale afterwards means the step was skipped.
@@ -171,6 +179,10 @@ class PreparedScheduler:
         if any(opt.step_was_skipped for opt in self.optimizers):
             return
         repeats = 1 if self.split_batches else distributed.world_size()
+        with TRACKER.flag("sched_wrapper", self):
+            self._step_inner(repeats, args, kwargs)
+
+    def _step_inner(self, repeats: int, args: tuple, kwargs: dict[str, Any]) -> None:
         for _ in range(repeats):
             total = getattr(self.scheduler, "total_steps", None)
             if total is not None and self.scheduler._step_count > total:

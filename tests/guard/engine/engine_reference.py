@@ -67,7 +67,9 @@ def large_batch_run(
     """
     model = make_model().to(device)
     opt = make_optimizer(opt_kind, model.parameters())
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
+    # W scheduler steps per optimizer step, as one step with gamma ** W (a plain loop would not
+    # step a scheduler twice in a row, and the guard rightly flags that as ACL305)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9**sched_steps)
     start = 0
     for micro in windows:
         stop = min(start + micro * batch_size, len(x))
@@ -76,8 +78,7 @@ def large_batch_run(
         if clip is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
-        for _ in range(sched_steps):
-            sched.step()
+        sched.step()
         start = stop
     return flat_params(model)
 
