@@ -24,7 +24,7 @@ def install(tracker) -> None:
 
     def before_backward(tensors, scaled_by, via, **_) -> None:
         if not tensors or via == "engine":
-            pending["factor"] = 1.0  # the engine divides by N itself
+            pending["factor"] = None  # the engine normalises itself: counts as divided
         else:
             pending["factor"] = _graph.root_factor(tensors[0], scaled=scaled_by is not None)
 
