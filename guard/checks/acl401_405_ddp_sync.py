@@ -1,0 +1,97 @@
+"""ACL401 (performance warning) and ACL405 (error): how often a DDP model's gradients were
+all-reduced during one optimizer step's window.
+
+DDP decides during forward whether the coming backward all-reduces (`require_backward_grad_sync`,
+False under `no_sync()`), so the guard counts synced forwards (with gradients enabled) of each
+DDP model between steps of the optimizers that own its parameters. More than one synced forward
+in a window of several micro-batches is wasted communication (ACL401). Backward passes with no
+synced forward at all mean the replicas step on local gradients and diverge (ACL405: forward
+through `model.module`, a sync flag that stays False, `no_sync()` around the stepping
+micro-step); that is raised before the step. Only with more than one process.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from guard.checks import _sources
+from guard.checks._common import report
+
+CODES = ("ACL401", "ACL405")
+_SYNCED = "ACL401_synced_forwards"
+
+
+def install(tracker) -> None:
+    _sources.ensure(tracker, "ddp")
+    ddp_modules: weakref.WeakSet = weakref.WeakSet()
+
+    def created(module, **_) -> None:
+        ddp_modules.add(module)
+
+    def forward(module, sync, **_) -> None:
+        ddp_modules.add(module)
+        if sync:
+            for st in tracker.owners(_first_params(module)):
+                st.extra[_SYNCED] = st.extra.get(_SYNCED, 0) + 1
+
+    def before_step(optimizer, state, **_) -> None:
+        if state.backwards and _world_size() > 1 and _trains_ddp(state, optimizer, ddp_modules):
+            _judge_window(state)
+        state.extra[_SYNCED] = 0
+
+    tracker.subscribe("ddp_created", created)
+    tracker.subscribe("ddp_forward", forward)
+    tracker.subscribe("optimizer_step_pre", before_step)
+
+
+def _first_params(module) -> list:
+    first = next(module.parameters(), None)
+    return [first] if first is not None else []
+
+
+def _world_size() -> int:
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _trains_ddp(state, optimizer, ddp_modules) -> bool:
+    """Whether the optimizer's parameters belong to a DDP model (computed once per optimizer)."""
+    cached = state.extra.get("ACL405_ddp")
+    if cached is None:
+        owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        cached = any(id(p) in owned for m in list(ddp_modules) for p in m.parameters())
+        state.extra["ACL405_ddp"] = cached
+    return cached
+
+
+def _judge_window(state) -> None:
+    synced = state.extra.get(_SYNCED, 0)
+    k = state.backwards
+    if synced == 0:
+        report(
+            "ACL405",
+            f"{k} backward pass(es) reached this step of a DDP model's optimizer, but none ran "
+            "after a DDP forward with gradient sync on: the gradients were never all-reduced and "
+            "the replicas diverge; call the DDP wrapper (model(x), not model.module(x)) and let "
+            "the micro-step that steps run outside no_sync()",
+        )
+    elif synced > 1 and k > 1 and not _accelerate_syncs_each_batch():
+        report(
+            "ACL401",
+            f"{synced} of the {k} micro-batches of this optimizer step all-reduced their "
+            f"gradients; only the last one needs to: run forward and backward of the first "
+            f"{k - 1} under `with model.no_sync():` (DDP reads the flag in forward) or use "
+            "accelerator.accumulate()",
+            level="warning",
+        )
+
+
+def _accelerate_syncs_each_batch() -> bool:
+    import sys
+
+    state_mod = sys.modules.get("accelerate.state")
+    shared = getattr(getattr(state_mod, "GradientState", None), "_shared_state", {}) or {}
+    plugin = shared.get("plugin_kwargs") or {}
+    return bool(plugin.get("sync_each_batch", False))
