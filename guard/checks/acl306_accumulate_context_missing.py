@@ -38,14 +38,15 @@ def install(tracker) -> None:
 
 def _before_step(state, **_) -> None:
     outside = state.extra.get(_KEY, 0)
+    k = state.contrib_backwards
     accelerator = state.prepared_by
     n = getattr(accelerator, "gradient_accumulation_steps", 1) if accelerator else 1
-    if not outside or n <= 1 or state.backwards >= n:
+    if not outside or n <= 1 or k >= n:
         return
     report(
         "ACL306",
-        f"gradient_accumulation_steps={n}, but this optimizer step uses {state.backwards} "
-        f"backward pass(es) made outside accelerator.accumulate(), each divided by {n}: the "
-        f"update is {state.backwards}/{n} of the intended gradient and no accumulation happens; "
+        f"gradient_accumulation_steps={n}, but this optimizer step uses {k} backward pass(es) "
+        f"made outside accelerator.accumulate(), each divided by {n}: the update is {k}/{n} of "
+        "the intended gradient and no accumulation happens; "
         "wrap the forward, backward and optimizer calls in `with accelerator.accumulate(model):`",
     )

@@ -22,6 +22,10 @@ CODES = ("ACL307",)
 def install(tracker) -> None:
     _sources.ensure(tracker, "loader")
     steps_at_start: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    last_step = {"backward_id": 0}
+
+    def after_step(**_) -> None:
+        last_step["backward_id"] = tracker.backward_id
 
     def first_batch(iterator, **_) -> None:
         if iterator not in steps_at_start:
@@ -31,13 +35,14 @@ def install(tracker) -> None:
         start = steps_at_start.pop(iterator, None)
         if start is None or start == _total_steps(tracker) or not _sized(iterator):
             return
-        if _accelerate_loader_active():
-            return
+        if _accelerate_loader_active() or tracker.backward_id == last_step["backward_id"]:
+            return  # every backward was followed by some optimizer step (GANs included)
         for st in list(tracker.optimizers.values()):
-            if st.backwards and st.prepared_by is None:
+            if st.contrib_backwards and st.prepared_by is None:
                 _report(iterator, st)
                 return
 
+    tracker.subscribe("optimizer_step", after_step)
     tracker.subscribe("loader_next", first_batch)
     tracker.subscribe("loader_end", pass_ended)
 
@@ -68,8 +73,8 @@ def _report(iterator, st) -> None:
     total = len(iterator) if hasattr(iterator, "__len__") else "?"
     report(
         "ACL307",
-        f"the loader is exhausted ({total} batches) with {st.backwards} micro-batch(es) of an "
-        f"unfinished window (steps use {n}) still in .grad: they never reach the optimizer in "
-        "this epoch, leak into the next epoch's first window, and are lost after the last "
+        f"the loader is exhausted ({total} batches) with {st.contrib_backwards} micro-batch(es) "
+        f"of an unfinished window (steps use {n}) still in .grad: they never reach the optimizer "
+        "in this epoch, leak into the next epoch's first window, and are lost after the last "
         "epoch; add a last-batch clause to the step gate (`or i + 1 == len(loader)`)",
     )

@@ -2,7 +2,9 @@
 
 `if step % k == 0` over a 0-based `enumerate` steps after the very first micro-batch (1/k of a
 window, already divided by k) and shifts every later window by one. Reported at the second
-optimizer step, when the window shape is known and before that step runs.
+optimizer step, when the window shape is known and before that step runs. Windows count the
+backward passes since the last step or `zero_grad` (a GAN's generator pass that also reaches the
+discriminator is cleared by `opt_d.zero_grad()` and does not count).
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ def install(tracker) -> None:
 
 
 def _before_step(state, **_) -> None:
-    if state.steps != 1 or state.windows[:1] != [1] or state.backwards < 2:
+    k = state.contrib_backwards
+    if state.steps == 0:
+        state.extra["ACL312_first_window"] = k
         return
-    k = state.backwards
+    if state.steps != 1 or state.extra.get("ACL312_first_window") != 1 or k < 2:
+        return
     report(
         "ACL312",
         f"the first optimizer step used 1 micro-batch and this one uses {k}: the step gate "
