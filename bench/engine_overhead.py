@@ -6,6 +6,7 @@ Accelerator, with 4-step accumulation, in fp32 and bf16. Runs are interleaved ro
 time per micro-step and the ratios b/a, c/a and b/c.
 
     python bench/engine_overhead.py [--width 512] [--rounds 15] [--batches 64] [--threads 1]
+        [--with-checks]
 """
 
 from __future__ import annotations
@@ -116,13 +117,19 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument(
+        "--with-checks", action="store_true", help="keep the guard's runtime checks installed"
+    )
     args = parser.parse_args()
+    if not args.with_checks:
+        guard.uninstall()  # measure the engine itself; the checks cost all three loops alike
     torch.set_num_threads(args.threads)  # one thread: stable timings on a shared machine
     random.seed(0)
     loader = make_loader(args.width, args.batches, args.batch_size)
     print(
         f"MLP width {args.width}, batch {args.batch_size}, N={N}, {args.batches} micro-steps "
-        f"per epoch, {args.rounds} rounds, torch threads {torch.get_num_threads()}"
+        f"per epoch, {args.rounds} rounds, torch threads {torch.get_num_threads()}, "
+        f"guard checks {'on' if args.with_checks else 'off'}"
     )
     print(f"{'precision':<10}{'plain ms':>10}{'engine ms':>11}{'accel ms':>10}", end="")
     print(f"{'b/a':>8}{'c/a':>8}{'b/c':>8}")

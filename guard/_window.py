@@ -19,6 +19,7 @@ class Window:
         self.step = 0  # micro-steps completed in the current window (Accelerate's `step`)
         self.length = 0  # micro-steps in the current window so far, including the current one
         self.sync_gradients = True
+        self.forced = False  # this sync was forced by the end of a prepared loader
         self.in_accumulate = False
         self.optimizer_steps = 0  # real (not skipped) optimizer steps taken
         self.loaders: list[Any] = []  # prepared loaders being iterated, innermost last
@@ -32,7 +33,8 @@ class Window:
         if self.sync_gradients:
             self.length = 0  # the previous micro-step closed a window
         self.length += 1
-        if self.end_of_dataloader:
+        self.forced = self.end_of_dataloader
+        if self.forced:
             self.step = 0
             self.sync_gradients = True
         else:
@@ -42,7 +44,7 @@ class Window:
     @property
     def is_tail(self) -> bool:
         """True on a sync step that closes a window shorter than N (the loader ran out)."""
-        return self.sync_gradients and self.length < self.num_steps
+        return self.sync_gradients and self.forced and self.length < self.num_steps
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -50,6 +52,7 @@ class Window:
             "step": self.step,
             "length": self.length,
             "sync_gradients": self.sync_gradients,
+            "forced": self.forced,
             "optimizer_steps": self.optimizer_steps,
         }
 
@@ -62,4 +65,5 @@ class Window:
         self.step = state["step"]
         self.length = state["length"]
         self.sync_gradients = state["sync_gradients"]
+        self.forced = state["forced"]
         self.optimizer_steps = state["optimizer_steps"]

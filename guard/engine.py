@@ -24,6 +24,7 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import DataLoader
 
+from guard import _engine_checks as checks
 from guard import distributed
 from guard._tracker import TRACKER
 from guard._window import Window
@@ -104,6 +105,9 @@ class Engine:
         self._items: Any = None  # summed num_items of the current window (None: not used)
         self._grads_ready = False  # grads of this sync step rescaled and, in fp16, unscaled
         self._unscaled: set[int] = set()  # ids of optimizers unscaled in this sync step
+        self._nonfinite = checks.NonFinite()
+        self._overflow = checks.OverflowStreak()
+        self._tail_noted = False
 
     # ----------------------------------------------------------------- process information
     @property
@@ -151,9 +155,21 @@ class Engine:
             return PreparedDataLoader(obj, self)
         if _is_scheduler(obj):
             return obj
+        if isinstance(obj, torch.amp.GradScaler):
+            return self._adopt_scaler(obj)
         raise TypeError(f"Engine.prepare does not know how to prepare {type(obj).__name__}")
 
+    def _adopt_scaler(self, scaler: torch.amp.GradScaler) -> torch.amp.GradScaler:
+        """fp16: use the caller's scaler (its init_scale, growth settings) instead of ours."""
+        if self.mixed_precision != "fp16":
+            checks.scaler_outside_fp16(self.mixed_precision)
+        self.scaler = scaler
+        return scaler
+
     def _prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        checks.low_precision_parameters(
+            model, self.scaler is not None, self.gradient_accumulation_steps
+        )
         model.to(self.device)
         if self.mixed_precision in _DTYPES:
             wrap_forward(model, self.device.type, _DTYPES[self.mixed_precision])
@@ -217,6 +233,7 @@ class Engine:
         micro-batch on this rank; at the sync step the window's gradient is divided by the total
         item count over the window and all ranks, giving the exact large-batch mean.
         """
+        self._check_backward(loss, num_items)
         if self._grads_ready:  # the previous sync step is done: a new window starts
             self._grads_ready = False
             self._unscaled.clear()
@@ -231,6 +248,16 @@ class Engine:
                 self._run_backward(loss, kwargs)
         else:
             self._run_backward(loss, kwargs)
+
+    def _check_backward(self, loss: torch.Tensor, num_items: Any) -> None:
+        n = self.gradient_accumulation_steps
+        if n > 1 and not self._window.in_accumulate:
+            checks.backward_outside_accumulate(n)
+        checks.backward_under_autocast(self.device.type)
+        if num_items is None:
+            checks.manual_division(loss, n, self.num_processes)
+        if not TRACKER.active:  # when installed, the guard's ACL601 check covers every backward
+            self._nonfinite.record(loss)
 
     def _run_backward(self, loss: torch.Tensor, kwargs: dict[str, Any]) -> None:
         if self.scaler is not None:
@@ -252,6 +279,11 @@ class Engine:
         if self._grads_ready:
             return
         self._grads_ready = True
+        if not TRACKER.active:
+            self._nonfinite.check(scaled=self.scaler is not None)
+        if self.tail == "accelerate" and self._window.is_tail and not self._tail_noted:
+            self._tail_noted = True
+            checks.tail_weight(self._window.length, self.gradient_accumulation_steps)
         factor = self._window_factor()
         if factor is None:
             return
@@ -273,6 +305,7 @@ class Engine:
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
         """fp16: divide the gradients by the loss scale, once per optimizer step."""
+        self._refuse_off_sync("unscale_gradients")
         self._prepare_gradients()
         if self.scaler is None:
             return
@@ -287,17 +320,26 @@ class Engine:
         self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
     ) -> torch.Tensor:
         """Unscale (fp16), then clip the total gradient norm; returns the unclipped norm."""
+        self._refuse_off_sync("clip_grad_norm_")
         parameters = list(parameters)
         self.unscale_gradients()
         with TRACKER.flag("clip_via", "engine"):
-            return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+            norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        if self.scaler is None and not TRACKER.active:
+            checks.NonFinite.check_norm(norm)
+        return norm
 
     def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
         """Unscale (fp16), then clamp every gradient element to [-clip_value, clip_value]."""
+        self._refuse_off_sync("clip_grad_value_")
         parameters = list(parameters)
         self.unscale_gradients()
         with TRACKER.flag("clip_via", "engine"):
             torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    def _refuse_off_sync(self, what: str) -> None:
+        if self.gradient_accumulation_steps > 1 and not self._window.sync_gradients:
+            checks.clip_off_sync(what, self._window.length, self.gradient_accumulation_steps)
 
     def _before_optimizer_step(self) -> None:
         self._prepare_gradients()
@@ -305,6 +347,8 @@ class Engine:
     def _after_optimizer_step(self, optimizer: PreparedOptimizer) -> None:
         if not optimizer.step_was_skipped:
             self._window.optimizer_steps += 1
+        if self.scaler is not None and not TRACKER.active:  # else the guard's ACL603 check runs
+            self._overflow.after_step(optimizer.step_was_skipped, self.scaler)
 
     def _loader_finished(self, loader: PreparedDataLoader) -> None:
         """Hook for the end of a prepared loader's iteration."""

@@ -101,3 +101,20 @@ def gather_metrics(samples: int, batch_size: int):
         plain.append(engine.gather(batch))
         for_metrics.append(engine.gather_for_metrics(batch))
     return torch.cat(plain), torch.cat(for_metrics), torch.cat(local)
+
+
+def divided_by_world(n: int, divisor: int):
+    """engine.backward(loss / divisor) on a prepared DDP model; returns the finding codes."""
+    import warnings
+
+    guard.reset()
+    engine = guard.Engine("no", gradient_accumulation_steps=n)
+    model = engine.prepare(make_model())
+    x, y = make_data(4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", guard.GuardWarning)
+        with engine.accumulate(model):
+            engine.backward(torch.nn.functional.mse_loss(model(x), y) / divisor)
+    found = sorted(f.code for f in guard.findings())
+    guard.reset()
+    return found

@@ -82,3 +82,11 @@ def test_gather_for_metrics_drops_the_padding(ddp_pool):
     assert sorted(for_metrics.tolist()) == [float(v) for v in range(10)]
     local = [r[2] for r in results]
     assert len(local[0]) == len(local[1]) == 6
+
+
+@pytest.mark.parametrize(
+    "n, divisor, expected",
+    [(1, W, ["ACL402"]), (N, N * W, ["ACL302", "ACL402"]), (N, N, ["ACL302"]), (1, 3, [])],
+)
+def test_acl402_loss_divided_by_world_size(ddp_pool, n, divisor, expected):
+    assert ddp_pool.run(ddp_cases.divided_by_world, n=n, divisor=divisor) == [expected] * W
