@@ -200,3 +200,7 @@ def main() -> None:
         print(f"accel-lint {__version__}")
         return
     app()
+
+
+if __name__ == "__main__":
+    main()
