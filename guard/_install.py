@@ -106,6 +106,7 @@ def install() -> bool:
         from guard import _tracker, checks
 
         _tracker.TRACKER.install()
+        _tracker.TRACKER.rebind_imported_clips([sys.modules.get("__main__")])
         checks.install_all(_tracker.TRACKER)
         when_imported("accelerate", _patch_accelerate)
         _installed = True

@@ -24,7 +24,8 @@ Events and payloads (states are `OptState` / `ScalerState` objects documented be
   `skipped` means the scale backed off, i.e. the step(s) since the last update were skipped.
 - `clip(kind, parameters, states, via)`: before torch's `clip_grad_norm_`/`clip_grad_value_`;
   `kind` is "norm" or "value", `parameters` the materialised list actually passed on, `via`
-  "torch" or "accelerate" (inside `Accelerator.clip_grad_*`).
+  "torch" or "accelerate" (inside `Accelerator.clip_grad_*`). `clip_done(..., result)` after,
+  with torch's return value (the total norm before clipping, for "norm").
 - `scheduler_step_pre(scheduler, state, via_wrapper)`: before `LRScheduler.step` (not the call
   made by its constructor); `state` is its optimizer's state.
 - `autocast_enter(device, dtype, enabled, origin, ambient_enabled, ambient_dtype)`: an autocast
@@ -466,14 +467,14 @@ class Tracker:
         @_patch.wraps_original(original)
         def clip(parameters, *args, **kwargs):
             params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+            states = tracker.owners(params)
+            via = tracker.flags.clip_via
+            tracker.emit("clip", kind=kind, parameters=params, states=states, via=via)
+            result = original(params, *args, **kwargs)
             tracker.emit(
-                "clip",
-                kind=kind,
-                parameters=params,
-                states=tracker.owners(params),
-                via=tracker.flags.clip_via,
+                "clip_done", kind=kind, parameters=params, states=states, via=via, result=result
             )
-            return original(params, *args, **kwargs)
+            return result
 
         return clip
 

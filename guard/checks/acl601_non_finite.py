@@ -1,10 +1,11 @@
 """ACL601: a non-finite loss or gradient about to reach the optimizer.
 
-Each backward records `isfinite(loss)` as a device-side flag (no host sync per micro-step); at
-the step the flags are read together with the total gradient norm, once, before any parameter
-changes. Under a GradScaler, inf losses and gradients are the scaler's business (an overflow:
-the PyTorch gradient-penalty recipe produces them on purpose, and ACL603 reports a persistent
-streak), so only a NaN unscaled loss is reported there, as a warning: the scaler skips the step.
+At each real step, before any parameter changes, the total gradient norm is checked once (one
+host sync per step, nothing per micro-step); when the window was clipped, the norm the clip
+computed is reused. Under a GradScaler, inf gradients are the scaler's business (an overflow: the
+PyTorch gradient-penalty recipe produces them on purpose, and ACL603 reports a persistent
+streak), so there only a NaN loss before scaling is reported, as a warning, since the scaler
+will skip the step. That flag is recorded on the device at `scale()` and read at the step.
 """
 
 from __future__ import annotations
@@ -14,72 +15,69 @@ import torch
 from guard.checks._common import report
 
 CODES = ("ACL601",)
-_KEY = "ACL601"
+_LOSSES, _NORM = "ACL601.losses", "ACL601.norm"
 
 
 def install(tracker) -> None:
     tracker.subscribe("scale", _after_scale)
     tracker.subscribe("backward", _after_backward)
-    tracker.subscribe("scaler_step_pre", lambda state, **_: _check(state, scaled=True))
+    tracker.subscribe("clip_done", _after_clip)
+    tracker.subscribe("scaler_step_pre", _before_scaler_step)
     tracker.subscribe("optimizer_step_pre", _before_step)
     tracker.subscribe("zero_grad", _after_zero_grad)
 
 
-def _finite(t: torch.Tensor) -> torch.Tensor:
-    return torch.isfinite(t.detach()).all()
-
-
 def _after_scale(outputs, scaled, **_) -> None:
     if isinstance(outputs, torch.Tensor) and isinstance(scaled, torch.Tensor):
-        scaled._guard_loss_finite = ~torch.isnan(outputs.detach()).any()
+        scaled._guard_loss_not_nan = ~torch.isnan(outputs.detach()).any()
 
 
 def _after_backward(tensors, states, **_) -> None:
-    if not states or not tensors:
-        return
-    root = tensors[0]
-    flag = getattr(root, "_guard_loss_finite", None)
-    if flag is None:
-        flag = _finite(root)
+    flag = getattr(tensors[0], "_guard_loss_not_nan", None) if tensors else None
     for st in states:
-        st.extra.setdefault(_KEY, []).append(flag)
+        st.extra.pop(_NORM, None)  # a clip's norm is stale once more gradient arrives
+        if flag is not None:
+            st.extra.setdefault(_LOSSES, []).append(flag)
+
+
+def _after_clip(kind, states, result, **_) -> None:
+    if kind == "norm" and isinstance(result, torch.Tensor):
+        for st in states:
+            st.extra[_NORM] = result
 
 
 def _after_zero_grad(states, **_) -> None:
     for st in states:
-        st.extra.pop(_KEY, None)
+        st.extra.pop(_LOSSES, None)
+        st.extra.pop(_NORM, None)
 
 
-def _before_step(state, in_scaler_step, **_) -> None:
-    if in_scaler_step:
-        return  # checked at scaler_step_pre, where the scaler's own inf check follows
-    _check(state, scaled=state.scaled_pending)
-
-
-def _check(state, scaled: bool) -> None:
-    flags = state.extra.pop(_KEY, [])
-    optimizer = state.optimizer
-    norm = _grad_norm(optimizer) if not scaled and optimizer is not None else None
-    checks = flags + ([torch.isfinite(norm)] if norm is not None else [])
-    if not checks or bool(torch.stack([c.to(checks[0].device) for c in checks]).all()):
-        return
-    bad_losses = sum(1 for f in flags if not bool(f))
-    if scaled:
+def _before_scaler_step(state, **_) -> None:
+    flags = state.extra.pop(_LOSSES, [])
+    state.extra.pop(_NORM, None)
+    if flags and not bool(torch.stack(flags).all()):
+        bad = sum(1 for f in flags if not bool(f))
         report(
             "ACL601",
-            f"{bad_losses} of {len(flags)} loss(es) since the last step were NaN before loss "
-            "scaling: that is a bug in the loss, not an fp16 overflow (the scaler will skip the "
-            "step); find the source with torch.autograd.detect_anomaly()",
+            f"{bad} of {len(flags)} loss(es) since the last step were NaN before loss scaling: "
+            "that is a bug in the loss, not an fp16 overflow (the scaler will skip the step); "
+            "find the source with torch.autograd.detect_anomaly()",
             "warning",
         )
+
+
+def _before_step(optimizer, state, in_scaler_step, **_) -> None:
+    if in_scaler_step or state.scaled_pending:
+        return  # the scaler's inf check runs (or ACL102 reports the bypass)
+    norm = state.extra.pop(_NORM, None)
+    if norm is None:
+        norm = _grad_norm(optimizer)
+    if norm is None or bool(torch.isfinite(norm)):
         return
-    if bad_losses:
-        what = f"{bad_losses} of {len(flags)} loss(es) since the last step were inf/NaN"
-    else:
-        what = f"the total gradient norm is {float(norm)}"
     report(
         "ACL601",
-        f"{what}: this step would write inf/NaN into every weight it updates; find the source "
+        f"the total gradient norm is {float(norm)} (a non-finite loss or gradient): this step "
+        "would write inf/NaN into every weight it updates; find the source "
         "(torch.autograd.detect_anomaly()), skip such batches, or clip with "
         "error_if_nonfinite=True",
     )

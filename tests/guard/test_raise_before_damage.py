@@ -101,7 +101,7 @@ def test_acl601_raises_before_a_nan_reaches_the_weights(guard_on):
     x[3, 2] = float("nan")
     F.mse_loss(model(x), y).backward()
     before = _params(model)
-    with pytest.raises(guard_on.GuardError, match="1 of 1 loss") as info:
+    with pytest.raises(guard_on.GuardError, match="gradient norm is nan") as info:
         optimizer.step()
     assert info.value.code == "ACL601"
     assert _same(before, _params(model))
@@ -113,6 +113,28 @@ def test_acl601_reports_a_non_finite_gradient_with_a_finite_loss(guard_on):
     next(model.parameters()).grad[0, 0] = float("inf")
     with pytest.raises(guard_on.GuardError, match="gradient norm is inf"):
         optimizer.step()
+
+
+def test_acl601_reuses_the_clip_norm_and_sees_clipped_nan(guard_on):
+    model, optimizer, _, x, y = _setup(fp16=False)
+    F.mse_loss(model(x), y).backward()
+    next(model.parameters()).grad[0, 0] = float("nan")
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    assert torch.isnan(norm)
+    with pytest.raises(guard_on.GuardError, match="gradient norm is nan"):
+        optimizer.step()
+
+
+def test_acl601_nan_loss_under_a_scaler_is_a_warning_the_scaler_skips(guard_on):
+    model, optimizer, scaler, x, y = _setup()
+    x[0, 0] = float("nan")
+    before = _params(model)
+    scaler.scale(F.mse_loss(model(x), y)).backward()
+    scaler.step(optimizer)  # skipped by the scaler: no raise, only a warning-level finding
+    scaler.update()
+    (finding,) = guard_on.findings()
+    assert (finding.code, finding.level) == ("ACL601", "warning")
+    assert _same(before, _params(model))
 
 
 def test_acl603_raises_when_the_scale_collapses(guard_on):
@@ -174,7 +196,7 @@ def test_warn_mode_never_raises_and_counts(guard_on):
 
 def test_select_and_ignore_like_the_linter(guard_on):
     model, optimizer, scaler, x, y = _setup()
-    guard_on.configure(ignore=["ACL10"])
+    guard_on.configure(select=["ACL"], ignore=["ACL10"])
     scaler.scale(F.mse_loss(model(x), y)).backward()
     optimizer.step()  # ACL102 ignored by prefix
     guard_on.configure(ignore=[], select=["ACL2", "ACL102"])
