@@ -186,7 +186,7 @@ def lint_job(job: Job) -> FileResult:
         if outcome.text != source.text:
             new_data = source.encode(outcome.text)
             if job.mode == "write":
-                write_atomic(job.absolute, new_data)
+                _write(job.absolute, new_data, result)
             else:
                 result.diff = unified_diff(job.shown, source.text, outcome.text)
         return result
@@ -197,6 +197,15 @@ def lint_job(job: Job) -> FileResult:
         if os.environ.get("ACCEL_LINT_DEBUG"):
             detail = "".join(traceback.format_exception(exc))
         return FileResult(job.shown, error=f"internal error: {detail}", cacheable=False)
+
+
+def _write(path: str, data: bytes, result: FileResult) -> None:
+    """Write the fixed file; a failure is an error for this file, not a crash of the run."""
+    try:
+        write_atomic(path, data)
+    except OSError as exc:
+        result.error = f"cannot write fixes: {exc.strerror or exc}"
+        result.cacheable = False
 
 
 def syntax_error(text: str, shown: str, failure) -> Diagnostic:

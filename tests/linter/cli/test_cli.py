@@ -280,3 +280,20 @@ def test_nested_config_applies_to_its_subtree(project, fake_rules, invoke):
     assert lines[0].startswith(os.path.join("sub", "inner.py"))
     only = invoke("--config", "sub/accel-lint.toml", "--output-format", "concise").stdout
     assert "ACL303" not in only
+
+
+def test_an_unwritable_file_is_an_error_not_a_crash(project, fake_rules, monkeypatch, invoke):
+    import errno
+
+    from linter import runner
+
+    def read_only(path, data):  # what a read-only file system answers (root ignores chmod)
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+
+    monkeypatch.setattr(runner, "write_atomic", read_only)
+    (project / "other.py").write_text(BAD)
+    (project / "train.py").write_text(FIXED)
+    result = invoke("--fix", "--no-cache")
+    assert result.exit_code == 2, result.output
+    assert "error: other.py: cannot write fixes: Read-only file system" in result.stderr
+    assert (project / "other.py").read_text() == BAD
