@@ -85,6 +85,16 @@ def shown_path(path: Path) -> str:
     return str(path)
 
 
+@dataclass
+class _Pending:
+    """A file that must be analysed, with what its cache entry will need."""
+
+    job: Job
+    stat: os.stat_result | None
+    digest: str
+    key: str
+
+
 def run(
     files: Iterable[tuple[Path, Settings]],
     mode: FixMode = "none",
@@ -92,59 +102,64 @@ def run(
 ) -> Report:
     """Lint `files` (each with its settings) and return every file's result."""
     report = Report()
-    jobs: list[tuple[Job, os.stat_result | None, str, str]] = []
+    pending: list[_Pending] = []
     for path, settings in files:
         report.files_checked += 1
-        shown, absolute = shown_path(path), os.path.abspath(path)
-        codes = settings.codes_for(path)
-        key = cache_mod.codes_key(codes)
-        try:
-            stat = os.stat(absolute)
-        except OSError:
-            stat = None
-        cached = cache.by_stat(absolute, stat, key, shown) if cache and stat else None
-        if cached is not None and not _needs_fixing(cached, mode, settings.unsafe_fixes):
-            report.results.append(FileResult(shown, cached))
-            continue
-        try:
-            data = read_bytes(absolute)
-        except SourceError as exc:
-            failed = FileResult(shown, [_file_error(shown, str(exc))], cacheable=False)
-            report.results.append(failed)
-            continue
-        if not codes or not PREFILTER.search(data):
-            report.results.append(FileResult(shown))
-            if cache and stat:
-                cache.store(absolute, stat, "", cache_mod.ANY_CODES, [])
-            continue
-        digest = cache_mod.digest(data) if cache else ""
-        cached = cache.by_content(absolute, digest, key, shown) if cache else None
-        if cached is not None and not _needs_fixing(cached, mode, settings.unsafe_fixes):
-            report.results.append(FileResult(shown, cached))
-            cache.store(absolute, stat, digest, key, cached)
-            continue
-        job = Job(shown, absolute, data, codes, mode, settings.unsafe_fixes)
-        jobs.append((job, stat, digest, key))
-    results = _execute([job for job, *_ in jobs])
-    for (job, stat, digest, key), result in zip(jobs, results, strict=True):
+        planned = _plan(path, settings, mode, cache)
+        if isinstance(planned, FileResult):
+            report.results.append(planned)
+        else:
+            pending.append(planned)
+    results = _execute([p.job for p in pending])
+    for item, result in zip(pending, results, strict=True):
         report.results.append(result)
-        if cache and stat and result.cacheable:
-            _remember(cache, job, result, stat, digest, key)
+        if cache and item.stat and result.cacheable:
+            _remember(cache, item, result)
     report.results.sort(key=lambda r: r.shown)
     return report
+
+
+def _plan(path: Path, settings: Settings, mode: FixMode, cache) -> FileResult | _Pending:
+    """A file's result when the cache or the prefilter already knows it, else its job."""
+    shown, absolute = shown_path(path), os.path.abspath(path)
+    codes = settings.codes_for(path)
+    key = cache_mod.codes_key(codes)
+    try:
+        stat = os.stat(absolute)
+    except OSError:
+        stat = None
+    cached = cache.by_stat(absolute, stat, key, shown) if cache and stat else None
+    if cached is not None and not _needs_fixing(cached, mode, settings.unsafe_fixes):
+        return FileResult(shown, cached)
+    try:
+        data = read_bytes(absolute)
+    except SourceError as exc:
+        return FileResult(shown, [_file_error(shown, str(exc))], cacheable=False)
+    if not codes or not PREFILTER.search(data):
+        if cache and stat:
+            cache.store(absolute, stat, "", cache_mod.ANY_CODES, [])
+        return FileResult(shown)
+    digest = cache_mod.digest(data) if cache else ""
+    cached = cache.by_content(absolute, digest, key, shown) if cache and stat else None
+    if cached is not None and not _needs_fixing(cached, mode, settings.unsafe_fixes):
+        cache.store(absolute, stat, digest, key, cached)  # remember the new mtime
+        return FileResult(shown, cached)
+    job = Job(shown, absolute, data, codes, mode, settings.unsafe_fixes)
+    return _Pending(job, stat, digest, key)
 
 
 def _needs_fixing(diagnostics: list[Diagnostic], mode: FixMode, unsafe: bool) -> bool:
     return mode != "none" and any(fixer.applicable(d, unsafe) for d in diagnostics)
 
 
-def _remember(cache, job: Job, result: FileResult, stat, digest: str, key: str) -> None:
+def _remember(cache, item: _Pending, result: FileResult) -> None:
+    job, stat, digest = item.job, item.stat, item.digest
     if result.fixed and job.mode == "write":
         stat = os.stat(job.absolute)  # the file now holds the fixed text
         digest = cache_mod.digest(read_bytes(job.absolute))
     elif result.fixed:
         return  # --diff: the remaining diagnostics are those of text that was not written
-    cache.store(job.absolute, stat, digest, key, result.diagnostics)
+    cache.store(job.absolute, stat, digest, item.key, result.diagnostics)
 
 
 def _execute(jobs: list[Job]) -> list[FileResult]:
