@@ -8,8 +8,9 @@ A bad fixture states what it expects in header comments:
     # trains-like: good_raw_amp.py after --fix it ends with the same parameters as that script
     # crashes: RuntimeError          run as is, it dies with this exception (the bug's symptom)
 
-Scripts run in children of a forkserver that has torch preloaded, so each run costs a fork,
-not a 2-second torch import. A script saves its final parameters when ACCEL_FIXTURE_OUT is set.
+Scripts run in children of a forkserver that has torch (with torch._dynamo, which Accelerate's
+prepare imports) and accelerate preloaded, so each run costs a fork, not a 2-second import; a child
+uses one thread. A script saves its final parameters when ACCEL_FIXTURE_OUT is set.
 """
 
 from __future__ import annotations
