@@ -6,7 +6,7 @@ Accelerator, with 4-step accumulation, in fp32 and bf16. Runs are interleaved ro
 time per micro-step and the ratios b/a, c/a and b/c.
 
     python bench/engine_overhead.py [--width 512] [--rounds 15] [--batches 64] [--threads 1]
-        [--with-checks]
+        [--clock cpu|wall] [--with-checks]
 """
 
 from __future__ import annotations
@@ -95,7 +95,9 @@ def accelerate_runner(width: int, loader: DataLoader, precision: str) -> Callabl
     return prepared_runner(accelerator, width, loader)
 
 
-def measure(runners: dict[str, Callable[[], int]], rounds: int) -> dict[str, float]:
+def measure(
+    runners: dict[str, Callable[[], int]], rounds: int, clock: Callable[[], float]
+) -> dict[str, float]:
     """Median seconds per micro-step for each runner, interleaved in shuffled order."""
     samples: dict[str, list[float]] = {name: [] for name in runners}
     for run in runners.values():  # warm-up: allocator, autocast caches, first-call paths
@@ -104,9 +106,9 @@ def measure(runners: dict[str, Callable[[], int]], rounds: int) -> dict[str, flo
     for _ in range(rounds):
         random.shuffle(order)
         for name in order:
-            start = time.perf_counter()
+            start = clock()
             steps = runners[name]()
-            samples[name].append((time.perf_counter() - start) / steps)
+            samples[name].append((clock() - start) / steps)
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
@@ -117,6 +119,12 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument(
+        "--clock",
+        choices=["cpu", "wall"],
+        default="cpu",
+        help="cpu: process CPU time (robust on a shared machine); wall: perf_counter",
+    )
     parser.add_argument(
         "--with-checks", action="store_true", help="keep the guard's runtime checks installed"
     )
@@ -129,7 +137,7 @@ def main() -> None:
     print(
         f"MLP width {args.width}, batch {args.batch_size}, N={N}, {args.batches} micro-steps "
         f"per epoch, {args.rounds} rounds, torch threads {torch.get_num_threads()}, "
-        f"guard checks {'on' if args.with_checks else 'off'}"
+        f"guard checks {'on' if args.with_checks else 'off'}, {args.clock} clock"
     )
     print(f"{'precision':<10}{'plain ms':>10}{'engine ms':>11}{'accel ms':>10}", end="")
     print(f"{'b/a':>8}{'c/a':>8}{'b/c':>8}")
@@ -143,7 +151,8 @@ def main() -> None:
             ),
             "accelerate": accelerate_runner(args.width, loader, precision),
         }
-        t = measure(runners, args.rounds)
+        clock = time.process_time if args.clock == "cpu" else time.perf_counter
+        t = measure(runners, args.rounds, clock)
         a, b, c = t["plain"], t["engine"], t["accelerate"]
         label = "fp32" if precision == "no" else precision
         print(f"{label:<10}{a * 1e3:>10.3f}{b * 1e3:>11.3f}{c * 1e3:>10.3f}", end="")

@@ -120,21 +120,22 @@ def tail_weight(r: int, n: int) -> None:
 
 
 class NonFinite:
-    """ACL601: a non-finite loss in the window, kept as a device flag and read at the sync step."""
+    """ACL601: a non-finite loss in the window, read once at the sync step (one host read)."""
 
     def __init__(self) -> None:
-        self._flag: torch.Tensor | None = None
+        self._losses: list[torch.Tensor] = []
 
     def record(self, loss: torch.Tensor) -> None:
-        finite = torch.isfinite(loss.detach())
-        if finite.dim():
-            finite = finite.all()
-        self._flag = finite if self._flag is None else self._flag & finite
+        """Keep a detached reference: no kernel and no host read on the micro-step path."""
+        self._losses.append(loss.detach())
 
     def check(self, scaled: bool) -> None:
         """Report before the optimizer runs; under a scaler only as a warning (it skips)."""
-        flag, self._flag = self._flag, None
-        if flag is None or bool(flag):
+        losses, self._losses = self._losses, []
+        if not losses:
+            return
+        totals = torch.stack([loss.float().sum() for loss in losses])  # inf/NaN survive the sum
+        if bool(torch.isfinite(totals).all()):
             return
         if scaled:
             report(

@@ -350,9 +350,6 @@ class Engine:
         if self.scaler is not None and not TRACKER.active:  # else the guard's ACL603 check runs
             self._overflow.after_step(optimizer.step_was_skipped, self.scaler)
 
-    def _loader_finished(self, loader: PreparedDataLoader) -> None:
-        """Hook for the end of a prepared loader's iteration."""
-
     # --------------------------------------------------------------------------- metrics
     def gather(self, data: Any) -> Any:
         """Concatenate tensors from all processes along dimension 0."""

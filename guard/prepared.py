@@ -42,6 +42,8 @@ def to_fp32(value: Any) -> Any:
 def to_device(value: Any, device: torch.device) -> Any:
     """Move tensors (nested in tuples, lists, dicts) to `device`."""
     if isinstance(value, torch.Tensor):
+        if value.device == device:  # `.to` costs tens of microseconds even when it is a no-op
+            return value
         return value.to(device, non_blocking=True)
     if isinstance(value, dict):
         return type(value)({k: to_device(v, device) for k, v in value.items()})
@@ -309,4 +311,3 @@ class PreparedDataLoader:
             yield to_device(current, device)
         finally:
             window.loaders.remove(self)
-            self._engine._loader_finished(self)

@@ -118,3 +118,19 @@ def divided_by_world(n: int, divisor: int):
     found = sorted(f.code for f in guard.findings())
     guard.reset()
     return found
+
+
+def explicit_no_sync():
+    """engine.no_sync(model) around forward and backward: no all-reduce; the next pass syncs."""
+    engine = guard.Engine("no")
+    model = engine.prepare(make_model())
+    counter = {"calls": 0}
+    model.register_comm_hook(counter, _counting_allreduce)
+    x, y = make_data(4, seed=10 + engine.process_index)
+    with engine.no_sync(model):
+        engine.backward(torch.nn.functional.mse_loss(model(x), y))
+    inside = counter["calls"]
+    local = [p.grad.clone() for p in model.parameters()]
+    engine.backward(torch.nn.functional.mse_loss(model(x), y))
+    synced = [p.grad.clone() for p in model.parameters()]
+    return {"inside": inside, "after": counter["calls"], "local": local, "synced": synced}

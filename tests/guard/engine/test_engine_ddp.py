@@ -90,3 +90,12 @@ def test_gather_for_metrics_drops_the_padding(ddp_pool):
 )
 def test_acl402_loss_divided_by_world_size(ddp_pool, n, divisor, expected):
     assert ddp_pool.run(ddp_cases.divided_by_world, n=n, divisor=divisor) == [expected] * W
+
+
+def test_engine_no_sync_skips_the_allreduce(ddp_pool):
+    results = ddp_pool.run(ddp_cases.explicit_no_sync)
+    assert [(r["inside"], r["after"]) for r in results] == [(0, 1), (0, 1)]
+    # ranks saw different data: local gradients differ, synced ones agree
+    assert not torch.equal(results[0]["local"][0], results[1]["local"][0])
+    for a, b in zip(results[0]["synced"], results[1]["synced"], strict=True):
+        assert torch.allclose(a, b, rtol=0, atol=1e-7)
