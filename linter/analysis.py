@@ -44,7 +44,7 @@ def analyze_source(source: str, path: str, codes: Collection[str]) -> list[Diagn
     module = parse(source)
     if not checks:
         return []
-    model = Model(module)
+    model = Model(module, source)
     if not model.has_training_loop():
         return []
     diagnostics: list[Diagnostic] = []
@@ -61,4 +61,4 @@ def describe_loops(source: str, path: str) -> dict:
     from linter.model import Model
     from linter.model.describe import describe
 
-    return describe(Model(parse(source)), path)
+    return describe(Model(parse(source), source), path)

@@ -41,9 +41,9 @@ _AUTOCAST = {
 
 
 class Model:
-    def __init__(self, module: cst.Module) -> None:
+    def __init__(self, module: cst.Module, source: str | None = None) -> None:
         self.module = module
-        self.positions = Positions(module)
+        self.positions = Positions(module, source)
         collector = ScopeCollector(module)
         self.scopes = collector.scopes
         self.function_defs = collector.function_defs
