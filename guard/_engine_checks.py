@@ -163,6 +163,48 @@ class NonFinite:
             )
 
 
+class TokenMeans:
+    """ACL308: token means averaged over a window (and ranks) with very different token counts.
+
+    Each backward's mean-reduced NLL node gives that micro-batch's valid-token count T_i (a
+    tensor, no host read); at the sync step the counts of all ranks are gathered and the bias
+    max_i |mean(T) / T_i - 1| is reported above `token_bias` (the guard's option, default 0.25).
+    """
+
+    def __init__(self) -> None:
+        self._counts: list[torch.Tensor] = []
+        self._calls = 0
+
+    def record(self, loss: torch.Tensor) -> None:
+        self._calls += 1
+        count = _graph.token_mean_count(loss)
+        if count is not None:
+            self._counts.append(count)
+
+    def check(self, world: int, gather: Any) -> None:
+        """`gather` concatenates a tensor over ranks (a collective: every rank calls it)."""
+        counts, calls = self._counts, self._calls
+        self._counts, self._calls = [], 0
+        if not counts or len(counts) != calls or calls * world < 2:
+            return
+        tokens = [float(t) for t in gather(torch.stack(counts).float())]
+        if min(tokens) <= 0:
+            return
+        mean = sum(tokens) / len(tokens)
+        bias = max(abs(mean / t - 1) for t in tokens)
+        if bias <= float(_report.option("token_bias", 0.25)):
+            return
+        shortest, longest = min(tokens), max(tokens)
+        report(
+            "ACL308",
+            f"{len(tokens)} micro-batches (all ranks) with {shortest:g} to {longest:g} valid "
+            f"tokens were each averaged over their own tokens: a token of the shortest weighs "
+            f"{longest / shortest:.1f}x one of the longest (bias {bias:.0%}); use "
+            "engine.backward(loss_sum, num_items=valid_tokens) for the exact token mean",
+            "warning",
+        )
+
+
 class OverflowStreak:
     """ACL603: consecutive fp16 steps skipped for inf/NaN, or a collapsed loss scale."""
 

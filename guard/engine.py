@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from guard import _engine_checks as checks
-from guard import distributed
+from guard import _report, distributed
 from guard._tracker import TRACKER
 from guard._window import Window
 from guard.prepared import (
@@ -107,6 +107,7 @@ class Engine:
         self._unscaled: set[int] = set()  # ids of optimizers unscaled in this sync step
         self._nonfinite = checks.NonFinite()
         self._overflow = checks.OverflowStreak()
+        self._token_means = checks.TokenMeans()
         self._tail_noted = False
 
     # ----------------------------------------------------------------- process information
@@ -256,6 +257,8 @@ class Engine:
         checks.backward_under_autocast(self.device.type)
         if num_items is None:
             checks.manual_division(loss, n, self.num_processes)
+            if (n > 1 or self.num_processes > 1) and _report.enabled("ACL308"):
+                self._token_means.record(loss)
         if not TRACKER.active:  # when installed, the guard's ACL601 check covers every backward
             self._nonfinite.record(loss)
 
@@ -281,6 +284,7 @@ class Engine:
         self._grads_ready = True
         if not TRACKER.active:
             self._nonfinite.check(scaled=self.scaler is not None)
+        self._token_means.check(self.num_processes, distributed.gather)
         if self.tail == "accelerate" and self._window.is_tail and not self._tail_noted:
             self._tail_noted = True
             checks.tail_weight(self._window.length, self.gradient_accumulation_steps)

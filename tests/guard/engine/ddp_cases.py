@@ -134,3 +134,26 @@ def explicit_no_sync():
     engine.backward(torch.nn.functional.mse_loss(model(x), y))
     synced = [p.grad.clone() for p in model.parameters()]
     return {"inside": inside, "after": counter["calls"], "local": local, "synced": synced}
+
+
+def token_counts_differ_across_ranks():
+    """Each rank's micro-batches are uniform, but rank 1's hold a tenth of rank 0's tokens."""
+    import warnings
+
+    guard.reset()
+    engine = guard.Engine("no", gradient_accumulation_steps=2)
+    model = make_token_model()
+    model, opt = engine.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    tokens = torch.randint(0, 11, (2, 10))
+    labels = tokens.clone()
+    if engine.process_index == 1:
+        labels[:, 1:] = -100
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", guard.GuardWarning)
+        for _ in range(2):
+            with engine.accumulate(model):
+                engine.backward(token_loss(model, tokens, labels, "mean"))
+                opt.step()
+    found = sorted(f.code for f in guard.findings())
+    guard.reset()
+    return found

@@ -48,6 +48,7 @@ def main() -> None:
         send(result)
     dist.destroy_process_group()
     conn.close()
+    os._exit(0)  # skip interpreter teardown: the pytest session waits for this exit
 
 
 if __name__ == "__main__":

@@ -222,3 +222,39 @@ def test_acl603_silent_for_isolated_overflows(checks):
         if hook:
             hook.remove()
     assert codes() == []
+
+
+def _token_window(engine, model, batches, use_items=False):
+    from engine_reference import token_loss
+
+    for tokens, labels in batches:
+        with engine.accumulate(model):
+            if use_items:
+                loss = token_loss(model, tokens, labels, "sum")
+                engine.backward(loss, num_items=(labels != -100).sum())
+            else:
+                engine.backward(token_loss(model, tokens, labels, "mean"))
+
+
+@pytest.mark.parametrize("use_items, expected", [(False, ["ACL308"]), (True, [])])
+def test_acl308_token_means_with_uneven_counts(checks, use_items, expected):
+    from engine_reference import make_token_batches, make_token_model
+
+    engine = guard.Engine("no", gradient_accumulation_steps=N)
+    model = make_token_model()
+    model, opt = engine.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    _token_window(engine, model, make_token_batches(N), use_items)
+    opt.step()
+    assert codes() == expected
+
+
+def test_acl308_silent_for_equal_counts(checks):
+    from engine_reference import make_token_model
+
+    engine = guard.Engine("no", gradient_accumulation_steps=N)
+    model = make_token_model()
+    model, opt = engine.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    tokens = torch.randint(0, 11, (2, 5))
+    _token_window(engine, model, [(tokens, tokens)] * N)
+    opt.step()
+    assert codes() == []

@@ -99,3 +99,8 @@ def test_engine_no_sync_skips_the_allreduce(ddp_pool):
     assert not torch.equal(results[0]["local"][0], results[1]["local"][0])
     for a, b in zip(results[0]["synced"], results[1]["synced"], strict=True):
         assert torch.allclose(a, b, rtol=0, atol=1e-7)
+
+
+def test_acl308_sees_token_counts_of_all_ranks(ddp_pool):
+    """Only the cross-rank gather reveals this bias: each rank alone is uniform."""
+    assert ddp_pool.run(ddp_cases.token_counts_differ_across_ranks) == [["ACL308"]] * W
