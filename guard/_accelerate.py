@@ -106,9 +106,11 @@ def _patch_contexts(tracker, cls) -> None:
     @contextlib.contextmanager
     def accumulate_(accelerator, *models):
         tracker.emit("accumulate_enter", accelerator=accelerator, models=models)
-        with accumulate(accelerator, *models):
-            yield
-        tracker.emit("accumulate_exit", accelerator=accelerator, models=models)
+        try:
+            with accumulate(accelerator, *models):
+                yield
+        finally:  # also when the block raises, so checks tracking the block stay in step
+            tracker.emit("accumulate_exit", accelerator=accelerator, models=models)
 
     @contextlib.contextmanager
     def autocast_(accelerator, *args, **kwargs):

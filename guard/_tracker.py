@@ -149,6 +149,7 @@ class Tracker:
         self.backward_id = 0
         self.max_steps = 0
         self._param_owner: dict[int, tuple[Any, OptState]] = {}
+        self._states: list[OptState] = []  # the live optimizers' states, cheap to scan
 
     # -- subscriptions -------------------------------------------------------------------------
 
@@ -172,10 +173,14 @@ class Tracker:
             optimizer = optimizer.optimizer
         st = self.optimizers.get(optimizer)
         if st is None:
-            st = OptState(weakref.ref(optimizer))
+            st = OptState(weakref.ref(optimizer, self._forget))
             self.optimizers[optimizer] = st
+            self._states.append(st)
             self._watch(optimizer, st)
         return st
+
+    def _forget(self, ref: Any) -> None:
+        self._states = [st for st in self._states if st.ref is not ref]
 
     def scaler_state(self, scaler: Any) -> ScalerState:
         st = self.scalers.get(scaler)
@@ -213,7 +218,9 @@ class Tracker:
         for group in getattr(optimizer, "param_groups", []):
             sentinel = None
             for p in group["params"]:
-                self._param_owner.setdefault(id(p), (weakref.ref(p), st))
+                entry = self._param_owner.get(id(p))
+                if entry is None or entry[0]() is None:  # ids of collected params are reused
+                    self._param_owner[id(p)] = (weakref.ref(p), st)
                 if sentinel is None and getattr(p, "requires_grad", False):
                     sentinel = p
             if sentinel is not None and hasattr(sentinel, "register_post_accumulate_grad_hook"):
@@ -262,7 +269,7 @@ class Tracker:
         _patch.patch(torch.autograd, "backward", backward)
 
     def _after_backward(self, roots: tuple, scaled_by: Any, via: str) -> None:
-        hit = [st for st in self.optimizers.values() if st.hit == self.backward_id]
+        hit = [st for st in self._states if st.hit == self.backward_id]
         for st in hit:
             st.backwards += 1
             st.contrib_backwards += 1

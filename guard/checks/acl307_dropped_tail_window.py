@@ -21,34 +21,31 @@ CODES = ("ACL307",)
 
 def install(tracker) -> None:
     _sources.ensure(tracker, "loader")
-    steps_at_start: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-    last_step = {"backward_id": 0}
+    started: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # iterator -> (steps, id)
+    counters = {"steps": 0, "backward_at_last_step": 0}
 
     def after_step(**_) -> None:
-        last_step["backward_id"] = tracker.backward_id
+        counters["steps"] += 1
+        counters["backward_at_last_step"] = tracker.backward_id
 
     def first_batch(iterator, **_) -> None:
-        if iterator not in steps_at_start:
-            steps_at_start[iterator] = _total_steps(tracker)
+        if iterator not in started:
+            started[iterator] = (counters["steps"], tracker.backward_id)
 
     def pass_ended(iterator, **_) -> None:
-        start = steps_at_start.pop(iterator, None)
-        if start is None or start == _total_steps(tracker) or not _sized(iterator):
+        steps_at_start, backward_at_start = started.pop(iterator, (None, None))
+        if steps_at_start is None or steps_at_start == counters["steps"] or not _sized(iterator):
             return
-        if _accelerate_loader_active() or tracker.backward_id == last_step["backward_id"]:
+        if _accelerate_loader_active() or tracker.backward_id == counters["backward_at_last_step"]:
             return  # every backward was followed by some optimizer step (GANs included)
         for st in list(tracker.optimizers.values()):
-            if st.contrib_backwards and st.prepared_by is None:
+            if st.contrib_backwards and st.hit > backward_at_start and st.prepared_by is None:
                 _report(iterator, st)
                 return
 
     tracker.subscribe("optimizer_step", after_step)
     tracker.subscribe("loader_next", first_batch)
     tracker.subscribe("loader_end", pass_ended)
-
-
-def _total_steps(tracker) -> int:
-    return sum(st.steps for st in list(tracker.optimizers.values()))
 
 
 def _sized(iterator) -> bool:

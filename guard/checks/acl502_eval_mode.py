@@ -1,8 +1,10 @@
 """ACL502: evaluation that builds autograd graphs, and training steps taken in eval mode.
 
 `model.eval()` on a model (not a single layer such as a BatchNorm frozen on purpose) is tracked
-until `model.train()`. An optimizer step whose gradients came through such a model is training
-with dropout off and BatchNorm frozen: an error, raised before the step. Forwards of such a model
+until `model.train()`. If an optimizer had already trained that model before `eval()`, a later
+step of it with gradients through the still-evaluating model is training with dropout off and
+BatchNorm frozen: an error, raised before the step (test-time adaptation, which adapts a model
+in eval mode from the start, is left alone). Forwards of such a model
 with gradients enabled are counted: several before one backward (or before `model.train()`),
 with no backward using them, were evaluation without `torch.no_grad()` (a warning; one forward
 per backward, as in test-time adaptation, is fine).
@@ -21,7 +23,7 @@ CODES = ("ACL502",)
 
 def install(tracker) -> None:
     _sources.ensure(tracker, "train_mode")
-    in_eval: dict[int, tuple] = {}  # id(module) -> (weakref-free module, hook handle)
+    in_eval: dict[int, tuple] = {}  # id(module) -> (module, hook handle, optimizers it had)
     graphs = {"forwards": 0, "module": None}
 
     def count_forward(module, _inputs, _output) -> None:
@@ -33,9 +35,10 @@ def install(tracker) -> None:
         if not mode and next(module.children(), None) is not None:
             if id(module) not in in_eval:
                 handle = _patch.track(module.register_forward_hook(count_forward))
-                in_eval[id(module)] = (module, handle)
+                trained = [st for st in tracker.owners(list(module.parameters())) if st.steps]
+                in_eval[id(module)] = (module, handle, trained)
         elif mode and id(module) in in_eval:
-            _module, handle = in_eval.pop(id(module))
+            _module, handle, _trained = in_eval.pop(id(module))
             handle.remove()
             _report_eval_graphs(graphs, "model.train()")
 
@@ -43,8 +46,8 @@ def install(tracker) -> None:
         _report_eval_graphs(graphs, "this backward", keep=1)
 
     def before_step(optimizer, state, **_) -> None:
-        for module, _handle in list(in_eval.values()):
-            if not module.training and _trained_by(module, optimizer):
+        for module, _handle, trained in list(in_eval.values()):
+            if state in trained and not module.training and _trained_by(module, optimizer):
                 _report_eval_step(module, state)
                 return
 

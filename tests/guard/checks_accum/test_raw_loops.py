@@ -1,0 +1,364 @@
+"""ACL301, 303, 304, 305, 307, 312, 502, 505 in plain PyTorch loops: real short training loops on
+CPU under the guard in raise mode, the error before the damage, and the must-not-flag loops."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from accum_helpers import codes, grads_of, make_loader, make_model, mse, params_of, same  # noqa: E402
+
+N = 4
+HERE = "test_raw_loops.py:"
+
+
+def accumulate(model, opt, loader, loss_scale=1 / N, gate=lambda i, n: (i + 1) % N == 0):
+    """The textbook manual accumulation loop, parameterised by loss scaling and step gate."""
+    for i, batch in enumerate(loader):
+        (mse(model, batch) * loss_scale).backward()
+        if gate(i, len(loader)):
+            opt.step()
+            opt.zero_grad()
+
+
+# -- ACL301 ---------------------------------------------------------------------------------------
+
+
+def test_acl301_undivided_window_warns_with_the_count(guard_on):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    accumulate(model, opt, make_loader(), loss_scale=1.0)
+    [finding] = guard_on.findings()
+    assert finding.code == "ACL301" and finding.level == "warning"
+    assert "4 backward passes contributed to this optimizer step, none divided by 4" in (
+        finding.message
+    )
+    assert HERE in finding.location
+
+
+@pytest.mark.parametrize(
+    "variant",
+    ["loss_divided", "loss_times_inverse", "grads_divided", "token_count", "no_accumulation"],
+)
+def test_acl301_must_not_flag(guard_on, variant):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = make_loader()
+    for i, batch in enumerate(loader):
+        loss = mse(model, batch)
+        if variant == "loss_divided":
+            loss = loss / N
+        elif variant == "loss_times_inverse":
+            loss = loss * (1 / N)
+        elif variant == "token_count":
+            loss = loss * len(batch[0]) / torch.tensor(float(len(batch[0]) * N))
+        loss.backward()
+        if variant == "no_accumulation" or (i + 1) % N == 0:
+            if variant == "grads_divided":
+                for p in model.parameters():
+                    p.grad.div_(N)
+            opt.step()
+            opt.zero_grad()
+    assert codes(guard_on) == []
+
+
+# -- ACL303 ---------------------------------------------------------------------------------------
+
+
+def test_acl303_clip_each_micro_step_raises_before_the_step(guard_on):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt.zero_grad()
+    batches = iter(make_loader())
+    mse(model, next(batches)).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+    before = params_of(model)
+    with pytest.raises(guard_on.GuardError) as info:
+        mse(model, next(batches)).backward()
+    assert info.value.code == "ACL303"
+    assert "after 1 backward pass(es)" in str(info.value)
+    assert same(before, params_of(model))  # no step happened on the partial sums
+
+
+def test_acl303_fp16_unscale_each_micro_step_raises_before_torchs_error(guard_on):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    batches = iter(make_loader())
+    scaler.scale(mse(model, next(batches))).backward()
+    scaler.unscale_(opt)
+    with pytest.raises(guard_on.GuardError) as info:
+        scaler.scale(mse(model, next(batches))).backward()
+    assert info.value.code == "ACL303"
+    guard_on.configure(mode="off")  # what the guard pre-empted: torch's own failure
+    with pytest.raises(RuntimeError, match="unscale_\\(\\) has already been called"):
+        scaler.unscale_(opt)
+
+
+def test_acl303_clip_in_the_step_branch_is_fine(guard_on):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i, batch in enumerate(make_loader()):
+        (mse(model, batch) / N).backward()
+        if (i + 1) % N == 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+            opt.step()
+            opt.zero_grad()
+    assert codes(guard_on) == []
+
+
+# -- ACL304 ---------------------------------------------------------------------------------------
+
+
+def test_acl304_zero_grad_every_micro_batch_raises_before_the_first_step(guard_on):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = params_of(model)
+    with pytest.raises(guard_on.GuardError) as info:
+        for i, batch in enumerate(make_loader()):
+            opt.zero_grad()
+            (mse(model, batch) / N).backward()
+            if (i + 1) % N == 0:
+                opt.step()
+    assert info.value.code == "ACL304"
+    assert "discards the gradients of 1 micro-batch" in str(info.value)
+    assert HERE in info.value.location
+    assert same(before, params_of(model))
+
+
+def test_acl304_must_not_flag_classic_loops_gans_and_window_start_zeroing(guard_on):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mse(model, next(iter(make_loader()))).backward()  # a sanity-check backward, then a reset
+    opt.zero_grad()
+    for batch in make_loader():  # classic: zero_grad, backward, step
+        opt.zero_grad()
+        mse(model, batch).backward()
+        opt.step()
+    for i, batch in enumerate(make_loader()):  # zeroing at the start of each window
+        if i % N == 0:
+            opt.zero_grad()
+        (mse(model, batch) / N).backward()
+        if (i + 1) % N == 0:
+            opt.step()
+    gen, disc = nn.Linear(4, 8), nn.Linear(8, 1)
+    opt_g, opt_d = torch.optim.SGD(gen.parameters(), 0.01), torch.optim.SGD(disc.parameters(), 0.01)
+    for _ in range(3):  # the generator's pass also reaches D; opt_g.step() consumed it
+        fake = gen(torch.randn(4, 4))
+        opt_d.zero_grad()
+        disc(fake.detach()).mean().backward()
+        opt_d.step()
+        opt_g.zero_grad()
+        (-disc(fake).mean()).backward()
+        opt_g.step()
+    assert codes(guard_on) == []
+
+
+# -- ACL305 ---------------------------------------------------------------------------------------
+
+
+def test_acl305_scheduler_every_micro_batch_raises_before_the_lr_moves(guard_on):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    batch = next(iter(make_loader()))
+    (mse(model, batch) / N).backward()
+    with pytest.raises(guard_on.GuardError) as info:
+        sched.step()
+    assert info.value.code == "ACL305"
+    assert opt.param_groups[0]["lr"] == 0.1
+
+
+def test_acl305_must_not_flag_gated_epoch_plateau_and_two_schedulers(guard_on):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    warmup = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.5, total_iters=2)
+    decay = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.9)
+    epoch_sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
+    for _epoch in range(2):
+        for i, batch in enumerate(make_loader()):
+            (mse(model, batch) / N).backward()
+            if (i + 1) % N == 0:
+                opt.step()
+                opt.zero_grad()
+                warmup.step()
+                decay.step()
+        epoch_sched.step()
+        plateau.step(1.0)
+    assert codes(guard_on) == []
+
+
+def test_acl305_fp16_skip_test_is_respected(guard_on):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    batch = next(iter(make_loader()))
+    for poison in (True, False, False):
+        loss = mse(model, batch) * (float("inf") if poison else 1.0)
+        scaler.scale(loss).backward()
+        before = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        if scaler.get_scale() >= before:  # skipped steps back the scale off
+            sched.step()
+    assert codes(guard_on) == []
+    scaler.scale(mse(model, batch) * float("inf")).backward()
+    scaler.step(opt)
+    scaler.update()
+    with pytest.raises(guard_on.GuardError) as info:  # stepping after a skip is variant (b)
+        sched.step()
+    assert info.value.code == "ACL305" and "skipped by the GradScaler" in str(info.value)
+
+
+# -- ACL307 ---------------------------------------------------------------------------------------
+
+
+def test_acl307_tail_raises_when_the_loader_ends(guard_on):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(guard_on.GuardError) as info:
+        accumulate(model, opt, make_loader(batches=10))
+    assert info.value.code == "ACL307"
+    assert "(10 batches) with 2 micro-batch(es)" in str(info.value)
+
+
+class _Stream(IterableDataset):
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(2)
+        for _ in range(10):
+            x = torch.randn(8, generator=generator)
+            yield x, x.sum(dim=0, keepdim=True)
+
+
+def test_acl307_must_not_flag_flushed_tails_full_batch_and_streams(guard_on):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(2):
+        accumulate(model, opt, make_loader(10), gate=lambda i, n: (i + 1) % N == 0 or i + 1 == n)
+    for batch in make_loader(10):  # one step per epoch over the whole loader
+        (mse(model, batch) / 10).backward()
+    opt.step()
+    opt.zero_grad()
+    step = 0
+    for _ in range(2):  # windows that span passes over a stream, on purpose
+        for batch in DataLoader(_Stream(), batch_size=2):
+            (mse(model, batch) / N).backward()
+            step += 1
+            if step % N == 0:
+                opt.step()
+                opt.zero_grad()
+    assert codes(guard_on) == []
+
+
+# -- ACL312 ---------------------------------------------------------------------------------------
+
+
+def test_acl312_first_window_of_one_raises_before_the_second_step(guard_on):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    after_first = None
+    with pytest.raises(guard_on.GuardError) as info:
+        for i, batch in enumerate(make_loader()):
+            (mse(model, batch) / N).backward()
+            if i % N == 0:
+                opt.step()
+                opt.zero_grad()
+                after_first = after_first or params_of(model)
+    assert info.value.code == "ACL312"
+    assert "first optimizer step used 1 micro-batch and this one uses 4" in str(info.value)
+    assert same(after_first, params_of(model))
+
+
+# -- ACL502 ---------------------------------------------------------------------------------------
+
+
+def _dropout_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.5), nn.Linear(16, 1))
+
+
+def test_acl502_training_left_in_eval_mode_raises_before_the_step(guard_on):
+    model = _dropout_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = list(make_loader())
+    mse(model, batches[0]).backward()
+    opt.step()
+    opt.zero_grad()
+    model.eval()
+    with torch.no_grad():
+        mse(model, batches[1])
+    mse(model, batches[2]).backward()  # training resumes, still in eval mode
+    before = params_of(model)
+    with pytest.raises(guard_on.GuardError) as info:
+        opt.step()
+    assert info.value.code == "ACL502"
+    assert same(before, params_of(model))
+
+
+def test_acl502_eval_with_gradients_warns(guard_on):
+    model = _dropout_model()
+    model.eval()
+    for batch in make_loader(batches=3):
+        mse(model, batch).item()
+    model.train()
+    [finding] = guard_on.findings()
+    assert finding.code == "ACL502" and finding.level == "warning"
+    assert finding.message.startswith("3 forward(s) of Sequential in eval mode")
+
+
+def test_acl502_must_not_flag_no_grad_eval_frozen_bn_and_adaptation(guard_on):
+    model = _dropout_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    batches = list(make_loader())
+    for batch in batches[:2]:
+        opt.zero_grad()
+        mse(model, batch).backward()
+        opt.step()
+    model.eval()
+    with torch.inference_mode():
+        [mse(model, b) for b in batches]
+    model.train()
+    bn_model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 1))
+    bn_opt = torch.optim.SGD(bn_model.parameters(), lr=0.01)
+    bn_model[1].eval()  # BatchNorm frozen on purpose while the rest trains
+    for batch in batches[:2]:
+        bn_opt.zero_grad()
+        mse(bn_model, batch).backward()
+        bn_opt.step()
+    adapted = _dropout_model().eval()  # test-time adaptation: adapt in eval mode from the start
+    adapt_opt = torch.optim.SGD(adapted.parameters(), lr=0.01)
+    for batch in batches[:2]:
+        adapt_opt.zero_grad()
+        adapted(batch[0]).var().backward()
+        adapt_opt.step()
+    assert codes(guard_on) == []
+
+
+# -- ACL505 ---------------------------------------------------------------------------------------
+
+
+def test_acl505_exhausted_filter_raises_before_the_clip(guard_on):
+    model = make_model()
+    params = filter(lambda p: p.requires_grad, model.parameters())
+    opt = torch.optim.SGD(params, lr=0.1)
+    mse(model, next(iter(make_loader()))).backward()
+    grads = grads_of(model)
+    with pytest.raises(guard_on.GuardError) as info:
+        torch.nn.utils.clip_grad_norm_(params, 1e-3)
+    assert info.value.code == "ACL505"
+    assert "received no parameters while the optimizers hold" in str(info.value)
+    assert same(grads, grads_of(model))
+    listed = [p for p in model.parameters() if p.requires_grad]
+    torch.nn.utils.clip_grad_norm_(listed, 1e-3)  # a list is fine
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)  # so is a fresh generator
+    opt.step()
+    assert codes(guard_on) == ["ACL505"]
