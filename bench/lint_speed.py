@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -88,18 +89,23 @@ def package_dir(python: str, package: str) -> Path:
     return Path(out.stdout)
 
 
-def wall(command: list[str], cwd: Path, env: dict | None = None) -> float:
-    """Seconds one run takes; output is discarded (exit codes mean findings, not failure)."""
+def timed(command: list[str], cwd: Path, env: dict | None = None) -> tuple[float, float]:
+    """Wall and CPU seconds (user + system, children included) of one run; output is discarded
+    (exit codes mean findings, not failure). CPU time is the steadier figure on a busy machine."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if "Traceback" in done.stderr:
         sys.exit(f"{command[0]} crashed:\n{done.stderr[-3000:]}")
-    return seconds
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return seconds, cpu
 
 
-def median(command: list[str], cwd: Path, repeat: int, env: dict | None = None) -> float:
-    return statistics.median(wall(command, cwd, env) for _ in range(repeat))
+def median(command: list[str], cwd: Path, repeat: int, env: dict | None = None):
+    runs = [timed(command, cwd, env) for _ in range(repeat)]
+    return tuple(statistics.median(run[i] for run in runs) for i in (0, 1))
 
 
 def copy_corpus(python: str, packages: list[str], into: Path) -> list[Path]:
@@ -129,12 +135,12 @@ def measure(args: argparse.Namespace) -> dict:
         r = {"files": len(files), "packages": packages}
 
         r["accel_cold"] = median([*lint, "--no-cache", "corpus"], work, args.repeat, env)
-        wall([*lint, "corpus"], work, env)  # fill the cache
+        timed([*lint, "corpus"], work, env)  # fill the cache
         r["accel_warm"] = median([*lint, "corpus"], work, args.repeat, env)
         ruff_check = [ruff, "check", "--isolated", "--exit-zero", "--quiet"]
         r["ruff_cold"] = median([*ruff_check, "--no-cache", "corpus"], work, args.repeat)
         cache_dir = ["--cache-dir", str(work / "ruff-cache")]
-        wall([*ruff_check, *cache_dir, "corpus"], work)
+        timed([*ruff_check, *cache_dir, "corpus"], work)
         r["ruff_warm"] = median([*ruff_check, *cache_dir, "corpus"], work, args.repeat)
 
         r["accel_version"] = median([accel, "--version"], work, args.repeat)
@@ -143,12 +149,16 @@ def measure(args: argparse.Namespace) -> dict:
 
         if args.torchfix_sample and args.torchfix_sample < len(files):
             sample = random.Random(0).sample(files, args.torchfix_sample)
-            seconds = wall([torchfix, *map(str, sample)], work)
-            per_file = max(0.0, seconds - r["torchfix_script"]) / len(sample)
-            r["torchfix_cold"] = r["torchfix_script"] + per_file * len(files)
-            r["torchfix_basis"] = f"extrapolated from {len(sample)} random files ({seconds:.1f} s)"
+            measured = timed([torchfix, *map(str, sample)], work)
+            r["torchfix_cold"] = tuple(
+                start + max(0.0, total - start) / len(sample) * len(files)
+                for start, total in zip(r["torchfix_script"], measured, strict=True)
+            )
+            r["torchfix_basis"] = (
+                f"extrapolated from {len(sample)} random files ({measured[0]:.1f} s wall)"
+            )
         else:
-            r["torchfix_cold"] = wall([torchfix, "corpus"], work)
+            r["torchfix_cold"] = timed([torchfix, "corpus"], work)
             r["torchfix_basis"] = "measured on every file"
         return r
     finally:
@@ -156,22 +166,32 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def report(r: dict) -> str:
+    """Wall seconds with CPU seconds in brackets; ratios on both."""
+
+    def show(name: str) -> str:
+        wall, cpu = r[name]
+        return f"{wall:.3f} s ({cpu:.3f} s cpu)"
+
+    def ratio(a: str, b: str, target: str) -> str:
+        wall, cpu = (r[a][i] / r[b][i] for i in (0, 1))
+        return f"{wall:.4f}x wall, {cpu:.4f}x cpu (target {target})"
+
     return "\n".join(
         [
             f"corpus: {r['files']} .py files of {' + '.join(r['packages'])}",
-            f"accel-lint cold (--no-cache): {r['accel_cold']:.2f} s",
-            f"accel-lint warm (cached):     {r['accel_warm']:.2f} s",
-            f"ruff cold / warm:             {r['ruff_cold']:.2f} s / {r['ruff_warm']:.2f} s",
-            f"TorchFix:                     {r['torchfix_cold']:.1f} s ({r['torchfix_basis']})",
-            f"ratio cold accel-lint/TorchFix: {r['accel_cold'] / r['torchfix_cold']:.4f}x"
-            " (target <= 0.02x)",
-            f"ratio warm accel-lint/ruff warm: {r['accel_warm'] / r['ruff_warm']:.2f}x"
-            " (target <= 2x)",
-            f"ratio cold accel-lint/ruff cold: {r['accel_cold'] / r['ruff_cold']:.2f}x",
-            f"one training script: accel-lint {r['accel_script']:.3f} s, "
-            f"TorchFix {r['torchfix_script']:.3f} s, ratio "
-            f"{r['accel_script'] / r['torchfix_script']:.2f}x (target <= 0.5x)",
-            f"accel-lint --version: {r['accel_version']:.3f} s",
+            f"accel-lint cold (--no-cache): {show('accel_cold')}",
+            f"accel-lint warm (cached):     {show('accel_warm')}",
+            f"ruff cold:                    {show('ruff_cold')}",
+            f"ruff warm:                    {show('ruff_warm')}",
+            f"TorchFix:                     {show('torchfix_cold')}, {r['torchfix_basis']}",
+            f"cold accel-lint / TorchFix:   {ratio('accel_cold', 'torchfix_cold', '<= 0.02x')}",
+            f"warm accel-lint / ruff warm:  {ratio('accel_warm', 'ruff_warm', '<= 2x')}",
+            f"cold accel-lint / ruff cold:  {ratio('accel_cold', 'ruff_cold', 'none')}",
+            f"one training script: accel-lint {show('accel_script')}, "
+            f"TorchFix {show('torchfix_script')}",
+            f"one script accel-lint / TorchFix: "
+            f"{ratio('accel_script', 'torchfix_script', '<= 0.5x')}",
+            f"accel-lint --version: {show('accel_version')}",
         ]
     )
 
