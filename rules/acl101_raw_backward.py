@@ -93,7 +93,7 @@ def _already_scaled(model, site) -> bool:
 def _flows_from_prepared(model, site) -> bool:
     """False only when the loss visibly comes from models that were never prepared."""
     if not model.setup.prepared:
-        return True
+        return False  # an Accelerator used only for its device or logging owns no backward
     flow = model.flow(site)
     if flow is None or not flow.models:
         return True

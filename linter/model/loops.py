@@ -107,7 +107,8 @@ def _first_order(loop: TrainingLoop) -> int:
 def _owner(chain: list[cst.CSTNode], sites: list[Site]) -> cst.CSTNode:
     for candidate in reversed(chain):
         for s in sites:
-            if s.kind in STEP_KINDS and any(f.node is candidate for f in s.stmt.frames):
+            loops = s.stmt.loops()
+            if s.kind in STEP_KINDS and loops and loops[-1] is candidate:
                 return candidate
     return chain[-1]
 
@@ -129,7 +130,10 @@ def _step_gate(loop: TrainingLoop) -> Gate | None:
             gate = update_gate(frame, loop.counters)
             if gate is not None:
                 return gate
-    if loop.micro_loop is not None:
+    zeroed = any(
+        any(f.node is loop.micro_loop for f in z.stmt.frames) for z in loop.of_kind("zero_grad")
+    )
+    if loop.micro_loop is not None and not zeroed:
         k = None
         node = loop.micro_loop
         if isinstance(node, cst.For) and isinstance(node.iter, cst.Call):

@@ -265,3 +265,16 @@ def test_file_without_training_loop(acl101):
         loss.backward()
     """
     assert acl101.findings(source) == []
+
+
+def test_accelerator_used_without_prepare(acl101):
+    source = """
+    from accelerate import Accelerator
+
+    accelerator = Accelerator()
+    model = Net().to(accelerator.device)
+    for x in dl:
+        model(x).sum().backward()
+        opt.step()
+    """
+    assert acl101.findings(source) == []

@@ -240,3 +240,32 @@ def test_loss_from_a_call_the_linter_cannot_see_into(acl301):
 
 def test_gate_modulus_of_one_is_not_accumulation(acl301):
     assert acl301.findings(_loop("crit(model(x), y).backward()", gate="i % 1 == 0")) == []
+
+
+def test_step_in_a_sibling_loop_is_not_a_window(acl301):
+    # A loop that only runs backward, followed by another loop that steps: no accumulation.
+    source = """
+    model = Net()
+    for subset in (True, False):
+        for _ in range(6):
+            model.zero_grad()
+            loss = model(inp).sum()
+            loss.backward()
+        for _ in range(6):
+            loss = model(inp).sum()
+            loss.backward()
+            opt.step()
+    """
+    assert acl301.findings(source) == []
+
+
+def test_zero_grad_inside_the_micro_step_loop_is_not_accumulation(acl301):
+    source = """
+    model = Net()
+    while True:
+        for _ in range(4):
+            opt.zero_grad()
+            model(x).sum().backward()
+        opt.step()
+    """
+    assert acl301.findings(source) == []
