@@ -287,6 +287,9 @@ class Model:
         frames = loop.frames_of(stmt)
         if any(update_gate(f, loop.counters) is not None for f in frames):
             return True
+        gate = loop.gate
+        if gate is not None and gate.kind == "micro-loop":
+            return not any(f.node is gate.node for f in frames)  # once per outer iteration
         step_frames = [
             (id(f.node), f.holds)
             for step in loop.steps

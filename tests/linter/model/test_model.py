@@ -108,9 +108,12 @@ def test_micro_step_loop_owns_no_step_so_the_outer_loop_is_the_training_loop():
         scaler.step(opt)
         scaler.update()
     """
-    (loop,) = build(source).loops
+    model = build(source)
+    (loop,) = model.loops
     assert isinstance(loop.node, libcst.While)
     assert (loop.gate.kind, code(loop.gate.k)) == ("micro-loop", "accum")
+    on_update = {s.kind: model.on_update_step(loop, s.stmt) for s in loop.sites}
+    assert on_update == {"backward": False, "scaler_step": True, "scaler_update": True}
 
 
 @pytest.mark.parametrize(
