@@ -1,6 +1,7 @@
 """ACL309: `accelerator.accumulate()` used in a way that breaks its one-tick-per-batch counting.
 
-(a) two entries for one batch drawn from the loader (one per model) tick the counter twice;
+(a) two entries for one batch drawn from the prepared loader (one per model) tick the counter
+twice (a batch is identified by the active loader and the number of batches fetched so far);
 (b) two backward passes in one entry that reach the same optimizers make a window of k*N passes;
 (c) an entry with no prepared loader active (a plain loader, a list): the end-of-loader flush
 never fires. Code that opted out with `sync_with_dataloader=False` manages its own windows and
@@ -18,31 +19,34 @@ CODES = ("ACL309",)
 
 def install(tracker) -> None:
     _sources.ensure(tracker, "loader")
-    batch = {"entries": 0, "in_entry": False, "hits": []}
+    fetched = {"batches": 0}
+    entry = {"batch": None, "open": False, "hits": []}
 
     def next_batch(**_) -> None:
-        batch["entries"] = 0
+        fetched["batches"] += 1
 
     def enter(accelerator, models, **_) -> None:
-        batch["in_entry"], batch["hits"] = True, []
-        if not _syncs_with_loader(accelerator):
-            return
-        batch["entries"] += 1
-        if batch["entries"] == 2:
-            _report_second_entry(accelerator, models)
-        elif not accelerator.gradient_state.in_dataloader:
-            _report_unprepared_loader(accelerator)
+        entry["open"], entry["hits"] = False, []
+        if _syncs_with_loader(accelerator):
+            state = accelerator.gradient_state
+            if not state.in_dataloader:
+                _report_unprepared_loader(accelerator)
+            batch = (id(state.active_dataloader), fetched["batches"])
+            if batch == entry["batch"]:
+                _report_second_entry(accelerator, models)
+            entry["batch"] = batch
+        entry["open"] = True
 
     def leave(**_) -> None:
-        batch["in_entry"] = False
+        entry["open"] = False
 
     def after_backward(states, **_) -> None:
-        if not batch["in_entry"] or not states:
+        if not entry["open"] or not states:
             return
         hit = frozenset(id(st) for st in states)
-        if hit in batch["hits"]:
-            _report_second_backward(states, len(batch["hits"]) + 1)
-        batch["hits"].append(hit)
+        if hit in entry["hits"]:
+            _report_second_backward(states, len(entry["hits"]) + 1)
+        entry["hits"].append(hit)
 
     tracker.subscribe("loader_next", next_batch)
     tracker.subscribe("loader_end", next_batch)  # a prepared loader yields its last batch then

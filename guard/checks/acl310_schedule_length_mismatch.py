@@ -22,6 +22,7 @@ _PROBE_LIMIT = 1 << 24  # largest horizon searched for in a LambdaLR
 def install(tracker) -> None:
     _sources.ensure(tracker, "finish")
     prepared_at: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    judged: weakref.WeakSet = weakref.WeakSet()
 
     def after_prepare(**_) -> None:
         location = _report.user_location()
@@ -30,6 +31,9 @@ def install(tracker) -> None:
 
     def at_finish(**_) -> None:
         for scheduler, (accelerator, _wrapper) in list(tracker.prepared_schedulers.items()):
+            if scheduler in judged:
+                continue
+            judged.add(scheduler)
             horizon = horizon_of(scheduler)
             position = getattr(scheduler, "last_epoch", 0)
             if horizon and position >= 2:
