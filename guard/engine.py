@@ -91,7 +91,7 @@ class Engine:
             raise ValueError(f"mixed_precision must be no, fp16 or bf16, not {mixed_precision!r}")
         if tail not in ("accelerate", "exact"):
             raise ValueError(f"tail must be 'accelerate' or 'exact', not {tail!r}")
-        self.device = torch.device(device) if device is not None else distributed.default_device()
+        self.device = _resolve_device(device)
         distributed.init_from_env(self.device)
         self.mixed_precision = mixed_precision
         self.gradient_accumulation_steps = gradient_accumulation_steps
@@ -408,6 +408,16 @@ class Engine:
                 raise ValueError("checkpoint holds gradients for a different set of parameters")
             for param, grad in zip(params, state["grads"], strict=True):
                 param.grad = None if grad is None else grad.to(param.device, param.dtype)
+
+
+def _resolve_device(device: str | torch.device | None) -> torch.device:
+    """The given device with an explicit CUDA index (DDP and batch moves compare indices)."""
+    if device is None:
+        return distributed.default_device()
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _is_scheduler(obj: Any) -> bool:
