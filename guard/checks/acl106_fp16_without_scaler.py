@@ -18,7 +18,7 @@ def install(tracker) -> None:
 
 
 def _before_backward(tracker, scaled_by, via, **_) -> None:
-    if scaled_by is not None or via == "engine":
+    if not tracker.regions_since_backward or scaled_by is not None or via == "engine":
         return
     fp16 = [f for f in tracker.regions_since_backward if f.dtype == torch.float16]
     if not fp16:

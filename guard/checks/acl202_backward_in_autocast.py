@@ -14,8 +14,8 @@ def install(tracker) -> None:
 
 
 def _before_backward(tracker, tensors, via, **_) -> None:
-    if via == "engine" or not tensors:
-        return
+    if not tracker.autocast_stack or via == "engine" or not tensors:
+        return  # fast path: no autocast region is open
     device = tensors[0].device.type
     if not torch.is_autocast_enabled(device):
         return
