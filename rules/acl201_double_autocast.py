@@ -89,10 +89,7 @@ def _enclosing_autocast(model, region):
 
 def _prepared_call_inside(model, region):
     """(called name, engine) for a call of a prepared fp16/bf16 model inside the region."""
-    with_node = region.with_node
-    for call in model.calls:
-        if not any(f.node is with_node for f in call.stmt.frames):
-            continue
+    for call in model.calls_in_with(region.with_node):
         if not model.is_prepared(call.func, call.stmt.scope):
             continue
         prepared = model.setup.prepared[call.func]

@@ -60,6 +60,7 @@ class Model:
         self.sites: dict[int, list[Site]] = {}
         self.loops: list[TrainingLoop] = []
         self.regions: list[Region] = []
+        self._calls_by_with: dict[int, list] | None = None
         for scope in self.scopes:
             sites = [site for c in scope.calls if (site := self._site(c)) is not None]
             sites += self._grad_divisions(scope)
@@ -277,6 +278,16 @@ class Model:
 
     def loop_sites(self, loop: TrainingLoop, *kinds: str) -> list[Site]:
         return loop.of_kind(*kinds)
+
+    def calls_in_with(self, with_node: cst.With) -> list:
+        """The call sites inside a `with` block (built once per module, on first use)."""
+        if self._calls_by_with is None:
+            self._calls_by_with = {}
+            for call in self.calls:
+                for frame in call.stmt.frames:
+                    if frame.kind == "with":
+                        self._calls_by_with.setdefault(id(frame.node), []).append(call)
+        return self._calls_by_with.get(id(with_node), [])
 
     def regions_around(self, stmt: Stmt, kind: str) -> list[Region]:
         frames = {id(f.node) for f in stmt.frames if f.kind == "with"}

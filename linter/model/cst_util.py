@@ -55,16 +55,29 @@ def _fields(node_type: type) -> tuple[str, ...]:
     return names
 
 
+_IS_NODE: dict[type, bool] = {}
+
+
+def _is_node(value) -> bool:
+    """`isinstance(value, CSTNode)` without the ABC machinery (the walk's hot path)."""
+    kind = type(value)
+    known = _IS_NODE.get(kind)
+    if known is None:
+        known = _IS_NODE[kind] = issubclass(kind, cst.CSTNode)
+    return known
+
+
 def children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     """The syntactic children of a node, in source order, without whitespace nodes."""
     for name in _fields(type(node)):
         value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
-            yield value
-        elif isinstance(value, (list, tuple)):
+        kind = type(value)
+        if kind is list or kind is tuple:
             for item in value:
-                if isinstance(item, cst.CSTNode):
+                if _is_node(item):
                     yield item
+        elif _is_node(value):
+            yield value
 
 
 def walk(node: cst.CSTNode, into_scopes: bool = False) -> Iterator[cst.CSTNode]:
@@ -73,7 +86,7 @@ def walk(node: cst.CSTNode, into_scopes: bool = False) -> Iterator[cst.CSTNode]:
     while stack:
         current = stack.pop()
         yield current
-        if current is not node and not into_scopes and isinstance(current, _SCOPES):
+        if current is not node and not into_scopes and type(current) in _SCOPES:
             continue
         kids = list(children(current))
         kids.reverse()

@@ -225,10 +225,10 @@ class ScopeCollector:
         elif isinstance(node, cst.Return) and node.value is not None:
             scope.returns.append((node.value, stmt))
         for sub in walk(node):
-            if isinstance(sub, cst.Call):
+            if type(sub) is cst.Call:
                 pair = method_call(sub)
                 receiver = dotted(pair[0]) if pair else None
-                if pair and receiver is None:
+                if pair and receiver is None and pair[1] in _TEXT_RECEIVERS:
                     receiver = _EMPTY.code_for_node(pair[0])
                 scope.calls.append(
                     CallSite(sub, stmt, receiver, pair[1] if pair else None, dotted(sub.func))
@@ -257,6 +257,8 @@ class ScopeCollector:
 
 
 _EMPTY = cst.Module(body=[])
+# Methods whose receiver the model reads even when it is not a plain dotted name.
+_TEXT_RECEIVERS = {"backward", "step", "update", "unscale_", "zero_grad", "div_", "mul_"}
 _AUG_OPS = {
     "DivideAssign": "/=",
     "FloorDivideAssign": "//=",
