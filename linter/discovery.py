@@ -30,16 +30,20 @@ def discover(paths: list[Path], resolver: Resolver) -> Discovered:
     for path in paths:
         if path.is_dir():
             candidates = _walk(path, resolver)
-        elif path.suffix == ".ipynb":
-            found.notes.append(f"{path}: notebooks are not supported yet; skipped")
-            continue
         else:  # a named file (or a missing one: reading it reports the problem)
             candidates = iter([(path, resolver.for_path(path))])
+        notebooks = 0
         for file, settings in candidates:
             key = Path(os.path.abspath(file))
-            if key not in seen:
-                seen.add(key)
+            if key in seen:
+                continue
+            seen.add(key)
+            if file.suffix == ".ipynb":
+                notebooks += 1
+            else:
                 found.files.append((file, settings))
+        if notebooks:
+            found.notes.append(f"{path}: skipped {notebooks} notebook(s), not supported yet")
     return found
 
 
@@ -104,7 +108,7 @@ def _walk_dir(shown: Path, absolute: Path, ignores: _Ignores, resolver: Resolver
         return
     for entry in entries:
         is_dir = entry.is_dir(follow_symlinks=False)
-        if not is_dir and not entry.name.endswith(".py"):
+        if not is_dir and not entry.name.endswith((".py", ".ipynb")):
             continue
         path = absolute / entry.name
         if _excluded(exclude, path, settings.root, is_dir) or ignores.ignored(path, is_dir):

@@ -62,9 +62,15 @@ def test_named_files_are_linted_even_when_excluded(tmp_path):
 
 def test_notebooks_are_skipped_with_a_note(tmp_path):
     write(tmp_path, "nb.ipynb", "{}")
-    result = discover([tmp_path / "nb.ipynb"], Resolver(Overrides(), cwd=tmp_path))
-    assert result.files == []
-    assert "notebooks are not supported" in result.notes[0]
+    write(tmp_path, "sub/a.ipynb", "{}")
+    write(tmp_path, "sub/b.py")
+    resolver = Resolver(Overrides(), cwd=tmp_path)
+    named = discover([tmp_path / "nb.ipynb"], resolver)
+    assert named.files == []
+    assert named.notes == [f"{tmp_path / 'nb.ipynb'}: skipped 1 notebook(s), not supported yet"]
+    walked = discover([tmp_path], resolver)
+    assert [p.name for p, _ in walked.files] == ["b.py"]
+    assert walked.notes == [f"{tmp_path}: skipped 2 notebook(s), not supported yet"]
 
 
 def test_duplicates_are_linted_once(tmp_path):
