@@ -44,29 +44,49 @@ def test_no_scaler_outside_fp16(precision):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("opt_kind", ["sgd", "adamw"])
-def test_fp16_equals_a_manual_amp_accumulation_loop(device, opt_kind):
+@pytest.mark.parametrize("clip", [None, 0.05])
+def test_fp16_equals_a_manual_amp_accumulation_loop(device, opt_kind, clip):
     x, y = make_data(18 * B)  # windows 4,4,4,4,2: the tail is flushed with 1/N
     engine = guard.Engine("fp16", gradient_accumulation_steps=N, device=device)
-    got, _ = engine_run(engine, x, y, B, opt_kind, clip=0.05)
+    got, _ = engine_run(engine, x, y, B, opt_kind, clip)
     # fp32 would already differ by ~4e-6 here: the bound tells fp16 apart from fp32
-    assert rel_err(got, _manual_amp(x, y, device, opt_kind, clip=0.05)) <= 1e-7
+    assert rel_err(got, _manual_amp(x, y, device, opt_kind, clip)) <= 1e-7
 
 
-def _manual_amp(x, y, device, opt_kind, clip):
-    """The textbook AMP accumulation loop: autocast forward, scaled loss / N, unscale, clip."""
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp16_exact_tail_rescales_before_unscaling(device):
+    """tail="exact" multiplies the scaled tail gradients by N/r before unscale and clip.
+
+    No clipping here: a clip that binds would hide the tail's scale.
+    """
+    x, y = make_data(18 * B)  # windows 4,4,4,4,2
+    engine = guard.Engine("fp16", gradient_accumulation_steps=N, device=device, tail="exact")
+    got, _ = engine_run(engine, x, y, B, "sgd", clip=None)
+    assert rel_err(got, _manual_amp(x, y, device, "sgd", None, tail_divisor=2)) <= 1e-7
+    assert rel_err(got, _manual_amp(x, y, device, "sgd", None, tail_divisor=N)) > 1e-4
+
+
+def _manual_amp(x, y, device, opt_kind, clip, tail_divisor=N):
+    """The textbook AMP accumulation loop: autocast forward, scaled loss / N, unscale, clip.
+
+    A tail window shorter than N is divided by `tail_divisor` instead.
+    """
     model = make_model().to(device)
     opt = make_optimizer(opt_kind, model.parameters())
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
     scaler = torch.amp.GradScaler(device)
     batches = list(zip(x.split(B), y.split(B), strict=True))
     for start in range(0, len(batches), N):
-        for xb, yb in batches[start : start + N]:
+        window = batches[start : start + N]
+        divisor = N if len(window) == N else tail_divisor
+        for xb, yb in window:
             with torch.autocast(device, dtype=torch.float16):
                 out = model(xb.to(device))
             loss = torch.nn.functional.mse_loss(out.float(), yb.to(device))
-            scaler.scale(loss / N).backward()
-        scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            scaler.scale(loss / divisor).backward()
+        if clip is not None:
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         before = scaler.get_scale()
         scaler.step(opt)
         scaler.update()
