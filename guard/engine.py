@@ -12,7 +12,12 @@ reference points at the top of CATALOG.md, with these documented differences:
 - `backward(loss_sum, num_items=n)` normalises by the item count of the whole window across all
   ranks, which gives the exact large-batch gradient for variable-length token losses.
 - `state_dict()` also holds the gradients of a half-finished window, so resuming mid-window gives
-  the same parameters as an uninterrupted run.
+  the same parameters as an uninterrupted run (the catalogue's engine would refuse to save there).
+
+Kept from Accelerate on purpose: under W processes a prepared map-style loader gives rank r the
+batches r, r + W, ...; the last group is completed with samples from the start of the epoch (they
+are trained on, and `gather_for_metrics` drops them), and the scheduler steps W times per
+optimizer step unless `split_batches=True`.
 """
 
 from __future__ import annotations
@@ -172,8 +177,12 @@ class Engine:
             model, self.scaler is not None, self.gradient_accumulation_steps
         )
         model.to(self.device)
-        if self.mixed_precision in _DTYPES:
-            wrap_forward(model, self.device.type, _DTYPES[self.mixed_precision])
+        inner = self.unwrap_model(model)
+        if self.mixed_precision in _DTYPES and not hasattr(inner, "_original_forward"):
+            wrap_forward(inner, self.device.type, _DTYPES[self.mixed_precision])
+        if model is not inner:  # the caller wrapped it in DDP already
+            self._models.append(model)
+            return model
         if distributed.world_size() > 1 and any(p.requires_grad for p in model.parameters()):
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)

@@ -105,3 +105,11 @@ def test_engine_print_is_print_on_the_main_process(capsys):
 def test_bad_configuration_is_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         guard.Engine(**kwargs)
+
+
+def test_preparing_a_model_twice_wraps_its_forward_once():
+    engine = guard.Engine("bf16")
+    model = make_model()
+    engine.prepare(model)
+    forward = model.forward
+    assert engine.prepare(model) is model and model.forward is forward
