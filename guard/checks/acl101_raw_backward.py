@@ -1,9 +1,9 @@
 """ACL101: a backward pass that skips the loss scaling or 1/N division its loop relies on.
 
-Accelerate: a raw `loss.backward()` reaching a prepared optimizer whose Accelerator divides by N
-or scales the loss. Plain AMP loops: at the first `unscale_`/`step` of a window, backward passes
-that reached the optimizer without `scaler.scale()` (reported before torch's `_scale is None`
-assertion, or before their gradients are divided by S and vanish).
+Accelerate or guard.Engine: a raw `loss.backward()` reaching a prepared optimizer whose owner
+divides by N or scales the loss. Plain AMP loops: at the first `unscale_`/`step` of a window,
+backward passes that reached the optimizer without `scaler.scale()` (reported before torch's
+`_scale is None` assertion, or before their gradients are divided by S and vanish).
 """
 
 from __future__ import annotations
@@ -32,11 +32,12 @@ def _after_backward(via, states, **_) -> None:
         if getattr(accelerator, "scaler", None) is not None:
             skipped.append("loss scaling")
         if skipped:
+            owner = type(accelerator).__name__
             report(
                 "ACL101",
-                "loss.backward() on a model prepared by an Accelerator skips "
+                f"loss.backward() on a model prepared by an {owner} skips "
                 + " and ".join(skipped)
-                + "; call accelerator.backward(loss) instead",
+                + f"; call {owner.lower()}.backward(loss) instead",
             )
 
 

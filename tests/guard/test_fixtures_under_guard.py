@@ -12,7 +12,12 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+TESTS = Path(__file__).resolve().parents[1]
+# fixturelib lives in tests/, next to a folder named guard/; with the repository root on sys.path
+# too, the real `guard` package (a regular package) still wins over that namespace folder.
+sys.path.insert(0, str(TESTS))
+if str(TESTS.parent) not in sys.path:
+    sys.path.append(str(TESTS.parent))
 from fixturelib import fixture_scripts, read_expectations, run_fixture  # noqa: E402
 
 # Issue #4: every catalogue section with a "Runtime signal" the guard implements.
