@@ -10,6 +10,7 @@ from typing import Any
 
 _FACTOR_NODES = {"DivBackward0": -1, "MulBackward0": 1}
 _MAX_NODES = 32  # bound the walk: a loss graph's root chain is short, the graph behind it is not
+_MAX_LOSS_NODES = 8  # a cross-entropy's NLL node sits within a few nodes of the loss
 
 
 def _scalar(value: Any) -> float | None:
@@ -56,7 +57,7 @@ def token_mean_count(loss: Any) -> Any:
     """
     node = getattr(loss, "grad_fn", None)
     frontier, seen = [node] if node is not None else [], 0
-    while frontier and seen < _MAX_NODES:
+    while frontier and seen < _MAX_LOSS_NODES:
         node = frontier.pop(0)
         seen += 1
         if type(node).__name__ in ("NllLossBackward0", "NllLoss2DBackward0"):

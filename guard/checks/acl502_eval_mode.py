@@ -43,7 +43,8 @@ def install(tracker) -> None:
             _report_eval_graphs(graphs, "model.train()")
 
     def after_backward(**_) -> None:
-        _report_eval_graphs(graphs, "this backward", keep=1)
+        if graphs["forwards"]:  # cheap test first: this runs on every micro-step
+            _report_eval_graphs(graphs, "this backward", keep=1)
 
     def before_step(optimizer, state, **_) -> None:
         for module, _handle, trained in list(in_eval.values()):
