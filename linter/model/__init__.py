@@ -66,11 +66,22 @@ class Model:
             sites += self._grad_divisions(scope)
             sites.sort(key=lambda s: s.stmt.order)
             self.sites[id(scope)] = sites
-            self.loops.extend(find_training_loops(scope, sites))
+            self.loops.extend(find_training_loops(scope, sites, self._called_in_loop(scope)))
             self.regions.extend(self._regions(scope))
         for loop in self.loops:
             if loop.gate is None:
                 loop.gate = self._accumulate_gate(loop)
+
+    def _called_in_loop(self, scope: Scope) -> bool:
+        """Whether this module calls the function from inside a loop (a per-batch step)."""
+        if not isinstance(scope.node, cst.FunctionDef):
+            return False
+        for call in self.calls:
+            if last_part(call.func) == scope.name and call.stmt.loops():
+                callee = self.local_function(call.call.func, call.stmt.scope)
+                if callee is scope:
+                    return True
+        return False
 
     # names and roles ---------------------------------------------------------------
     def module_defs(self, text: str) -> list[Def]:

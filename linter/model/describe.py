@@ -5,6 +5,9 @@ from __future__ import annotations
 from linter.model import Model, TrainingLoop
 from linter.model.cst_util import code, int_value
 
+# A step function called once per batch is described as kind "step function".
+_LOOP_KINDS = {"For": "for", "While": "while", "FunctionDef": "step function"}
+
 
 def describe(model: Model, path: str) -> dict:
     return {"file": path, "loops": [_loop(model, loop, path) for loop in model.loops]}
@@ -25,7 +28,7 @@ def _loop(model: Model, loop: TrainingLoop, path: str) -> dict:
         "file": path,
         "function": function,
         "line": _line(model, loop.node),
-        "kind": "for" if loop.node.__class__.__name__ == "For" else "while",
+        "kind": _LOOP_KINDS.get(type(loop.node).__name__, "while"),
         "engines": [_engine(model, e) for e in model.setup.engines.values()],
         "scalers": [
             {"name": s.name, "enabled": _enabled(s.enabled), "line": _line(model, s.node)}

@@ -78,20 +78,29 @@ class TrainingLoop:
         return stmt.frames_inside(self.node)
 
 
-def find_training_loops(scope: Scope, sites: list[Site]) -> list[TrainingLoop]:
+def find_training_loops(
+    scope: Scope, sites: list[Site], called_in_loop: bool = False
+) -> list[TrainingLoop]:
+    """The training loops of one scope.
+
+    A function with no loop of its own whose body is one micro-step (`def training_step(...)`)
+    counts as a loop body when the module calls it from inside a loop (`called_in_loop`).
+    """
     loops: dict[int, TrainingLoop] = {}
     for site in sites:
         if site.kind not in BACKWARD_KINDS:
             continue
         chain = site.stmt.loops()
-        if not chain:
+        if not chain and not (called_in_loop and isinstance(scope.node, cst.FunctionDef)):
             continue
-        owner = _owner(chain, sites)
+        owner = _owner(chain, sites) if chain else scope.node
         loop = loops.get(id(owner))
         if loop is None:
             loop = loops[id(owner)] = TrainingLoop(owner, scope)
-            loop.sites = [s for s in sites if any(f.node is owner for f in s.stmt.frames)]
+            loop.sites = [s for s in sites if _inside(s.stmt, owner)]
             loop.counters = _counters(scope, owner)
+        if not chain:
+            continue
         index = chain.index(owner)
         if index + 1 < len(chain) and loop.micro_loop is None:
             loop.micro_loop = chain[index + 1]
@@ -113,14 +122,18 @@ def _owner(chain: list[cst.CSTNode], sites: list[Site]) -> cst.CSTNode:
     return chain[-1]
 
 
+def _inside(stmt: Stmt, owner: cst.CSTNode) -> bool:
+    """In the loop `owner`, or anywhere in the function when the function is the owner."""
+    return owner is stmt.scope.node or any(f.node is owner for f in stmt.frames)
+
+
 def _counters(scope: Scope, loop: cst.CSTNode) -> set[str]:
     """Names incremented by one inside the loop (manual micro-step counters)."""
     found = set()
     for name, defs in scope.defs.items():
         for d in defs:
-            if d.op == "+=" and int_value(d.value) == 1:
-                if any(f.node is loop for f in d.stmt.frames):
-                    found.add(name)
+            if d.op == "+=" and int_value(d.value) == 1 and _inside(d.stmt, loop):
+                found.add(name)
     return found
 
 

@@ -278,3 +278,27 @@ def test_accelerator_used_without_prepare(acl101):
         opt.step()
     """
     assert acl101.findings(source) == []
+
+
+def test_step_method_called_from_the_training_loop(acl101, at):
+    source = """
+    from accelerate import Accelerator
+
+    class Trainer:
+        def __init__(self, model, opt):
+            self.accelerator = Accelerator(gradient_accumulation_steps=4)
+            self.model, self.opt = self.accelerator.prepare(model, opt)
+
+        def training_step(self, batch):
+            loss = self.model(**batch).loss
+            loss.backward()
+            self.opt.step()
+            return loss
+
+        def fit(self, dl):
+            for batch in dl:
+                with self.accelerator.accumulate(self.model):
+                    self.training_step(batch)
+    """
+    assert acl101.findings(source) == [("ACL101", *at(source, "loss.backward()"))]
+    assert "        self.accelerator.backward(loss)\n" in acl101.fixed(source)

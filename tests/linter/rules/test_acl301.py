@@ -269,3 +269,36 @@ def test_zero_grad_inside_the_micro_step_loop_is_not_accumulation(acl301):
         opt.step()
     """
     assert acl301.findings(source) == []
+
+
+def test_step_function_with_counter_called_per_batch(acl301, at):
+    source = """
+    model = Net()
+    state = {"micro": 0}
+
+    def train_step(x, y):
+        global micro
+        loss = crit(model(x), y)
+        loss.backward()
+        micro += 1
+        if micro % ACCUM == 0:
+            opt.step()
+            opt.zero_grad()
+
+    for x, y in dl:
+        train_step(x, y)
+    """
+    assert acl301.findings(source) == [("ACL301", *at(source, "loss.backward()"))]
+
+
+def test_step_function_never_called_in_a_loop_is_not_a_loop(acl301):
+    source = """
+    model = Net()
+
+    def train_step(x, y, i):
+        loss = crit(model(x), y)
+        loss.backward()
+        if (i + 1) % ACCUM == 0:
+            opt.step()
+    """
+    assert acl301.findings(source) == []
