@@ -135,3 +135,21 @@ def test_off_mode_installs_nothing():
     finally:
         guard.configure(mode="raise")
         guard.install()
+
+
+def test_clip_names_bound_before_install_are_rebound_and_restored():
+    import types
+
+    guard.uninstall()
+    original = torch.nn.utils.clip_grad_norm_
+    script = types.ModuleType("user_script")
+    script.clip_grad_norm_ = original  # `from torch.nn.utils import clip_grad_norm_` ran first
+    guard.install()
+    from guard._tracker import TRACKER
+
+    TRACKER.rebind_imported_clips([script])
+    assert script.clip_grad_norm_ is torch.nn.utils.clip_grad_norm_
+    assert script.clip_grad_norm_.__guard_original__ is original
+    guard.uninstall()
+    assert script.clip_grad_norm_ is original
+    guard.install()
