@@ -45,8 +45,6 @@ def analyze_source(source: str, path: str, codes: Collection[str]) -> list[Diagn
     if not checks:
         return []
     model = Model(module, source)
-    if not model.has_training_loop():
-        return []
     diagnostics: list[Diagnostic] = []
     for code, check in checks:
         ctx = RuleContext(model, source, path, code)

@@ -59,6 +59,8 @@ def check(ctx) -> None:
     """Report user autocast regions nested in another one or around a low-precision prepared
     model."""
     model = ctx.model
+    if not model.has_training_loop():
+        return  # inference-only files (pipelines, samplers) use autocast on purpose
     for region in model.regions:
         if region.kind != "autocast" or not _enabled(region.call):
             continue

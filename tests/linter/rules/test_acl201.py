@@ -123,3 +123,16 @@ def test_precision_not_statically_known(acl201):
 
 def test_accelerator_pinned_to_no(acl201):
     assert acl201.findings(PREPARED.replace('"fp16"', '"no"')) == []
+
+
+def test_file_without_training_loop(acl201):
+    source = """
+    import torch
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(mixed_precision="fp16")
+    model = accelerator.prepare(model)
+    with torch.autocast("cuda"):
+        images = model(prompts)
+    """
+    assert acl201.findings(source) == []
