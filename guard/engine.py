@@ -288,8 +288,8 @@ class Engine:
 
     def _prepare_gradients(self) -> None:
         """Once per sync step: apply the window's normalisation (num_items or exact tail)."""
-        if self._grads_ready:
-            return
+        if self._grads_ready or not self._window.sync_gradients:
+            return  # mid-window (an off-sync clip in warn mode) the sums are left alone
         self._grads_ready = True
         if not TRACKER.active:
             self._nonfinite.check(scaled=self.scaler is not None)
