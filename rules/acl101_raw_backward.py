@@ -62,7 +62,7 @@ def check(ctx) -> None:
     for loop in model.loops:
         scaler = _stepping_scaler(model, loop)
         for site in loop.of_kind("backward"):
-            if _already_scaled(model, site):
+            if _already_scaled(model, site) or _other_branch_owns_backward(model, loop, site):
                 continue
             if scaler is not None:
                 _report_scaler(ctx, site, scaler)
@@ -88,6 +88,18 @@ def _already_scaled(model, site) -> bool:
     return isinstance(func, cst.Attribute) and (
         model.scaled_loss(func.value, site.stmt.scope) is not None
     )
+
+
+def _other_branch_owns_backward(model, loop, site) -> bool:
+    """`if fp16: scaler.scale(loss).backward() else: loss.backward()`: a deliberate fp32 path."""
+    mine = {(id(f.node), f.holds) for f in site.stmt.frames if f.kind == "if"}
+    for other in loop.backwards:
+        if other is site or not (other.kind == "engine_backward" or _already_scaled(model, other)):
+            continue
+        for frame in other.stmt.frames:
+            if frame.kind == "if" and (id(frame.node), not frame.holds) in mine:
+                return True
+    return False
 
 
 def _flows_from_prepared(model, site) -> bool:

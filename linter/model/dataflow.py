@@ -219,6 +219,9 @@ class Tracer:
             return UNDIVIDED
         if self._is_object(node.func, scope, order):
             self.flow.models.add(code(node.func))
+            if any(a.keyword and a.keyword.value == "num_items_in_batch" for a in node.args):
+                self._args(node, scope, order, depth)
+                return DIVIDED  # the model normalises by the window's item count
             self._args(node, scope, order, depth)
             return UNDIVIDED
         self._args(node, scope, order, depth)

@@ -302,3 +302,21 @@ def test_step_method_called_from_the_training_loop(acl101, at):
     """
     assert acl101.findings(source) == [("ACL101", *at(source, "loss.backward()"))]
     assert "        self.accelerator.backward(loss)\n" in acl101.fixed(source)
+
+
+def test_fp32_branch_beside_a_scaled_branch(acl101):
+    source = """
+    import torch
+
+    scaler = torch.cuda.amp.GradScaler(enabled=args.fp16)
+    for x, y in dl:
+        loss = crit(model(x), y)
+        if args.fp16:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
+    """
+    assert acl101.findings(source) == []

@@ -122,6 +122,7 @@ def test_one_line_loop_body(acl301, at):
 
 def _loop(body: str, gate: str = "(i + 1) % N == 0") -> str:
     return f"""
+model = Net()
 for i, (x, y) in enumerate(dl):
 {textwrap.indent(textwrap.dedent(body).strip(), "    ")}
     if {gate}:
@@ -183,7 +184,9 @@ def test_division_by_window_token_count(acl301):
     loss = F.cross_entropy(out.view(-1, V), y.view(-1), reduction="sum") / tokens_in_window
     loss.backward()
     """
-    assert acl301.findings(_loop(body)) == []
+    source = "import torch.nn.functional as F\n" + _loop(body)
+    assert acl301.findings(source) == []
+    assert len(acl301.findings(source.replace(" / tokens_in_window", ""))) == 1
 
 
 def test_division_inside_a_visible_helper(acl301):
@@ -206,6 +209,7 @@ def test_engine_backward_divides(acl301):
     from accelerate import Accelerator
 
     accelerator = Accelerator()
+    model = Net()
     for i, batch in enumerate(dl):
         accelerator.backward(model(**batch).loss)
         if (i + 1) % N == 0:
@@ -302,3 +306,10 @@ def test_step_function_never_called_in_a_loop_is_not_a_loop(acl301):
             opt.step()
     """
     assert acl301.findings(source) == []
+
+
+def test_model_normalising_by_window_item_count(acl301):
+    body = "loss = model(x, labels=y, num_items_in_batch=n_items).loss\nloss.backward()"
+    assert acl301.findings(_loop(body)) == []
+    plain = body.replace(", num_items_in_batch=n_items", "")
+    assert len(acl301.findings(_loop(plain))) == 1
