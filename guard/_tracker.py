@@ -253,7 +253,7 @@ class Tracker:
             flags = tracker.flags
             if flags.backward_depth:  # reentrant (e.g. activation checkpointing): not a new pass
                 return original(tensors, *args, **kwargs)
-            roots = (tensors,) if isinstance(tensors, torch.Tensor) else tuple(tensors)
+            roots = _tensor_roots(tensors)
             scaled_by = getattr(roots[0], "_guard_scaled_by", None) if roots else None
             via = flags.owner
             tracker.emit("backward_pre", tensors=roots, scaled_by=scaled_by, via=via)
@@ -587,6 +587,12 @@ class Tracker:
             yield
         finally:
             setattr(self.flags, name, previous)
+
+
+def _tensor_roots(tensors: Any) -> tuple:
+    """The tensors among backward's roots (GradientEdge roots carry no tensor: skipped)."""
+    items = tensors if isinstance(tensors, (list, tuple)) else (tensors,)
+    return tuple(t for t in items if isinstance(t, torch.Tensor))
 
 
 def _hashable(value: Any) -> bool:
