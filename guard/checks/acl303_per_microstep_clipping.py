@@ -19,13 +19,13 @@ def install(tracker) -> None:
     def before_clip(kind, states, via, **_) -> None:
         if via == "engine":
             return
-        _refuse_off_sync(tracker, states, f"clip_grad_{kind}_")
+        _refuse_off_sync(states, f"clip_grad_{kind}_")
         for st in states:
             if st.prepared_by is None:  # prepared optimizers are judged by the sync flag
                 st.extra[_KEY] = f"clip_grad_{kind}_"
 
     def before_unscale(state, **_) -> None:
-        _refuse_off_sync(tracker, [state], "unscale_")
+        _refuse_off_sync([state], "unscale_")
 
     def after_unscale(state, **_) -> None:
         if state.prepared_by is None:
@@ -45,7 +45,7 @@ def _forget(states, **_) -> None:
         st.extra.pop(_KEY, None)
 
 
-def _refuse_off_sync(tracker, states, what: str) -> None:
+def _refuse_off_sync(states, what: str) -> None:
     for st in states:
         accelerator = st.prepared_by
         n = getattr(accelerator, "gradient_accumulation_steps", 1) if accelerator else 1

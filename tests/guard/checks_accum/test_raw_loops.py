@@ -68,6 +68,29 @@ def test_acl301_must_not_flag(guard_on, variant):
     assert codes(guard_on) == []
 
 
+def test_accumulation_with_a_gradient_penalty_and_an_fp32_island_is_clean(guard_on):
+    """WGAN-GP style: autograd.grad(create_graph=True) builds a penalty term in the forward."""
+    critic = make_model()
+    opt = torch.optim.AdamW(critic.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    for i, (x, _y) in enumerate(make_loader()):
+        x = x.requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.float16):
+            score = critic(x)
+            with torch.autocast("cpu", enabled=False):
+                (grad,) = torch.autograd.grad(score.float().sum(), x, create_graph=True)
+                penalty = ((grad.norm(dim=1) - 1) ** 2).mean()
+        loss = (score.float().mean() + 10 * penalty) / N
+        scaler.scale(loss).backward()
+        if (i + 1) % N == 0:
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(critic.parameters(), 1.0)
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    assert codes(guard_on) == []
+
+
 # -- ACL303 ---------------------------------------------------------------------------------------
 
 
