@@ -146,7 +146,8 @@ def _report_engine(ctx, site) -> None:
         loss, rest = parts
         loss = _without_engine_division(model, engine, strip_parens(loss))
         edit = ctx.replace(site.call, f"{engine}.backward({code(loss)}{rest})")
-        fix = make_fix(f"Use `{engine}.backward(...)`", edit)
+        edits = [edit, *_named_division_edits(ctx, site, engine, loss)]
+        fix = make_fix(f"Use `{engine}.backward(...)`", *edits)
     ctx.report(
         site.call,
         f"raw backward bypasses `{name}.backward(loss)`: no division by the accumulation "
@@ -155,20 +156,61 @@ def _report_engine(ctx, site) -> None:
     )
 
 
-def _without_engine_division(model, engine: str, loss):
-    """`loss / K` -> `loss` when K is the engine's own accumulation value (it divides too)."""
+def _named_division_edits(ctx, site, engine: str, loss) -> list:
+    """Undo `loss = loss / K` / `loss /= K` / `loss = expr / K` written just for this backward.
+
+    Only for the statement right before the backward, in the same block, when the name is not
+    read in between: then the engine's own division replaces it and ACL302 has nothing to see.
+    """
     import libcst as cst
 
+    from linter.model.cst_util import strip_parens
+    from linter.types import Edit, Position
+
+    if not isinstance(loss, cst.Name):
+        return []
+    defs = site.stmt.scope.defs_before(loss.value, site.stmt.order)
+    if not defs:
+        return []
+    d = defs[-1]
+    stmt = d.stmt
+    adjacent = stmt.order == site.stmt.order - 1 and stmt.frames == site.stmt.frames
+    if not adjacent or len(stmt.line.body) != 1 or site.stmt.index != 0:
+        return []
+    model = ctx.model
+    if d.op == "/=" and _is_engine_k(model, engine, d.value):
+        first, last = ctx.span(stmt.line)[0].line, ctx.span(stmt.line)[1].line
+        return [Edit(Position(first, 0), Position(last + 1, 0), "")]
+    value = strip_parens(d.value) if d.op == "=" else None
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Divide):
+        if _is_engine_k(model, engine, value.right):
+            left = strip_parens(value.left)
+            if isinstance(left, cst.Name) and left.value == loss.value:
+                first, last = ctx.span(stmt.line)[0].line, ctx.span(stmt.line)[1].line
+                return [Edit(Position(first, 0), Position(last + 1, 0), "")]
+            return [ctx.replace(d.value, ctx.text(left))]
+    return []
+
+
+def _is_engine_k(model, engine: str, divisor) -> bool:
     from linter.model.cst_util import code, int_value, strip_parens
 
-    if not (isinstance(loss, cst.BinaryOperation) and isinstance(loss.operator, cst.Divide)):
-        return loss
-    divisor = code(strip_parens(loss.right))
     configured = model.engine_k(engine)
     spellings = {f"{engine}.gradient_accumulation_steps"}
     if configured is not None and int_value(configured) != 1:
         spellings.add(code(configured))
-    if divisor in spellings:
+    return code(strip_parens(divisor)) in spellings
+
+
+def _without_engine_division(model, engine: str, loss):
+    """`loss / K` -> `loss` when K is the engine's own accumulation value (it divides too)."""
+    import libcst as cst
+
+    from linter.model.cst_util import strip_parens
+
+    if not (isinstance(loss, cst.BinaryOperation) and isinstance(loss.operator, cst.Divide)):
+        return loss
+    if _is_engine_k(model, engine, loss.right):
         return strip_parens(loss.left)
     return loss
 

@@ -320,3 +320,26 @@ def test_fp32_branch_beside_a_scaled_branch(acl101):
             opt.step()
     """
     assert acl101.findings(source) == []
+
+
+def test_named_division_by_the_engine_k_goes_with_the_fix(acl101):
+    source = """
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(gradient_accumulation_steps=args.accum)
+    model, opt = accelerator.prepare(model, opt)
+    for batch in dl:
+        with accelerator.accumulate(model):
+            loss = model(**batch).loss / args.accum
+            loss.backward()
+            opt.step()
+        for batch in other:
+            loss = model(**batch).loss
+            loss /= accelerator.gradient_accumulation_steps
+            loss.backward()
+            opt.step()
+    """
+    fixed = acl101.fixed(source)
+    assert "        loss = model(**batch).loss\n        accelerator.backward(loss)\n" in fixed
+    assert "loss /=" not in fixed
+    assert fixed.count("accelerator.backward(loss)") == 2
