@@ -3,8 +3,9 @@ outside `accelerator.accumulate()`.
 
 `accelerator.backward` divides by N either way, but only `accumulate()` advances the micro-step
 counter; without it the prepared optimizer steps on every batch with 1/N of the gradient. A loop
-that gates the step on N itself is fine (N passes reach the step), so the check runs at the step,
-before it changes any parameter. The engine checks its own loops (E1).
+that gates the step on N itself is fine (N passes reach the step; its last window may be a shorter
+tail, as in Accelerate's autoregressive example), so the check runs at the step, before it
+changes any parameter, and only until the first full window. The engine checks its own loops.
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ def _before_step(state, **_) -> None:
     k = state.contrib_backwards
     accelerator = state.prepared_by
     n = getattr(accelerator, "gradient_accumulation_steps", 1) if accelerator else 1
-    if not outside or n <= 1 or k >= n:
+    if k >= n:
+        state.extra["ACL306_full_window"] = True
+    if not outside or n <= 1 or k >= n or state.extra.get("ACL306_full_window"):
         return
     report(
         "ACL306",

@@ -5,6 +5,8 @@ process runs the same number of batches; `gather` keeps them (`gather_for_metric
 Reported when `gather` is called while the active prepared loader is on its last batch and its
 dataset length leaves a remainder (so duplicates are in the result), in an evaluation pass: no
 backward ran since the pass's first gather (training loops gathering losses are left alone).
+A loop that truncates the last gathered batch itself (`preds[: len(dataset) - samples_seen]`,
+as in an older Accelerate example) is correct but indistinguishable at runtime: hence a warning.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def _report(accelerator, loader, remainder: int) -> None:
         "ACL403",
         f"accelerator.gather on the evaluation loader's last batch keeps the {padded} padded in "
         f"so that {accelerator.num_processes} processes get equal batches: metrics count them "
-        "as extra predictions; use accelerator.gather_for_metrics(...), which drops them",
+        "as extra predictions unless the loop truncates them itself; use "
+        "accelerator.gather_for_metrics(...), which drops them",
         level="warning",
     )
