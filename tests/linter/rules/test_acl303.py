@@ -180,3 +180,8 @@ def test_loop_without_accumulation(acl303):
         scaler.update()
     """
     assert acl303.findings(source) == []
+
+
+def test_engine_configured_with_one_accumulation_step(acl303):
+    source = ACCELERATE.replace("gradient_accumulation_steps=4", "gradient_accumulation_steps=1")
+    assert acl303.findings(source) == []
