@@ -5,11 +5,13 @@ horizon H (`total_steps`, `T_max`, `total_iters`, or the step where a LambdaLR's
 0) is compared with the position it reached: far short of H (< 1/2) means the schedule never
 decays as planned (e.g. sized in micro-batches under N-step accumulation); far past it (> 3/2)
 means the learning rate sat at its floor (e.g. sized per process while stepping W times per
-optimizer step).
+optimizer step). A run that ends with an uncaught exception (a crash, Ctrl-C, a GuardError) did
+not reach its planned end and is not judged.
 """
 
 from __future__ import annotations
 
+import sys
 import weakref
 
 from guard import _report
@@ -30,6 +32,8 @@ def install(tracker) -> None:
             prepared_at.setdefault(scheduler, location)
 
     def at_finish(**_) -> None:
+        if getattr(sys, "last_value", None) is not None:
+            return  # the run died early; its schedule position says nothing about the plan
         for scheduler, (accelerator, _wrapper) in list(tracker.prepared_schedulers.items()):
             if scheduler in judged:
                 continue

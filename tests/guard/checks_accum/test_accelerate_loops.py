@@ -302,6 +302,18 @@ def test_acl310_schedule_length_is_judged_at_the_end_of_the_run(guard_on, length
     assert "test_accelerate_loops.py" in finding.location  # where the scheduler was prepared
 
 
+def test_acl310_a_run_that_crashed_is_not_judged(guard_on, monkeypatch):
+    from guard import _tracker
+
+    accelerator, model, opt, loader, sched = prepared(
+        scheduler=lambda o: torch.optim.lr_scheduler.OneCycleLR(o, 0.05, total_steps=100)
+    )
+    train(accelerator, model, opt, loader, sched)
+    monkeypatch.setattr(sys, "last_value", RuntimeError("the script died"), raising=False)
+    _tracker.TRACKER.emit("finish")
+    assert codes(guard_on) == []
+
+
 # -- Engine loops ---------------------------------------------------------------------------------
 
 
