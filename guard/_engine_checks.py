@@ -16,6 +16,8 @@ from guard import _report
 from guard.checks import _graph
 from guard.checks._common import report
 
+_FACTOR_ROOTS = ("DivBackward0", "MulBackward0")
+
 
 def scaler_outside_fp16(precision: str) -> None:
     """ACL105: a GradScaler handed to an engine that does not train in fp16."""
@@ -60,7 +62,9 @@ def backward_under_autocast(device_type: str) -> None:
 
 def manual_division(loss: torch.Tensor, n: int, world: int) -> None:
     """ACL302 / ACL402: the loss reaching engine.backward was already divided by N or by W."""
-    if (n == 1 and world == 1) or not (_report.enabled("ACL302") or _report.enabled("ACL402")):
+    if n == 1 and world == 1 or type(loss.grad_fn).__name__ not in _FACTOR_ROOTS:
+        return  # the usual case: the loss's root is the loss function itself, not a factor
+    if not (_report.enabled("ACL302") or _report.enabled("ACL402")):
         return
     factor = _graph.root_factor(loss)
     if factor is None or factor == 1.0:
@@ -134,8 +138,9 @@ class NonFinite:
         losses, self._losses = self._losses, []
         if not losses:
             return
-        totals = torch.stack([loss.float().sum() for loss in losses])  # inf/NaN survive the sum
-        if bool(torch.isfinite(totals).all()):
+        # .float() is free for fp32 losses; inf/NaN survive the sum of a non-scalar loss
+        losses = [loss.float().sum() if loss.dim() else loss.float() for loss in losses]
+        if bool(torch.isfinite(torch.stack(losses)).all()):
             return
         if scaled:
             report(
@@ -187,7 +192,7 @@ class TokenMeans:
         self._counts, self._calls = [], 0
         if not counts or len(counts) != calls or calls * world < 2:
             return
-        tokens = [float(t) for t in gather(torch.stack(counts).float())]
+        tokens = gather(torch.stack(counts).float()).tolist()  # one host read
         if min(tokens) <= 0:
             return
         mean = sum(tokens) / len(tokens)
