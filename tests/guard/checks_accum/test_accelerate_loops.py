@@ -312,6 +312,9 @@ def test_acl310_a_run_that_crashed_is_not_judged(guard_on, monkeypatch):
     monkeypatch.setattr(sys, "last_value", RuntimeError("the script died"), raising=False)
     _tracker.TRACKER.emit("finish")
     assert codes(guard_on) == []
+    monkeypatch.undo()
+    _tracker.TRACKER.emit("finish")  # judged now, so not again when pytest exits
+    assert codes(guard_on) == ["ACL310"]
 
 
 # -- Engine loops ---------------------------------------------------------------------------------
