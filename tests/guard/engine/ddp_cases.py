@@ -157,3 +157,17 @@ def token_counts_differ_across_ranks():
     found = sorted(f.code for f in guard.findings())
     guard.reset()
     return found
+
+
+def user_wrapped_ddp(n: int):
+    """A model the caller wrapped in DDP is kept as is, and accumulate() still applies no_sync."""
+    engine = guard.Engine("no", gradient_accumulation_steps=n)
+    ddp = torch.nn.parallel.DistributedDataParallel(make_model())
+    model = engine.prepare(ddp)
+    counter = {"calls": 0}
+    model.register_comm_hook(counter, _counting_allreduce)
+    x, y = make_data(4 * n, seed=20 + engine.process_index)
+    for xb, yb in zip(x.split(4), y.split(4), strict=True):
+        with engine.accumulate(model):
+            engine.backward(torch.nn.functional.mse_loss(model(xb), yb))
+    return {"same_object": model is ddp, "allreduces": counter["calls"]}

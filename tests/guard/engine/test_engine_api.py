@@ -113,3 +113,12 @@ def test_preparing_a_model_twice_wraps_its_forward_once():
     engine.prepare(model)
     forward = model.forward
     assert engine.prepare(model) is model and model.forward is forward
+
+
+def test_import_guard_does_not_load_the_engine():
+    """`guard.Engine` is resolved lazily: `import guard` stays cheap."""
+    import subprocess
+    import sys
+
+    code = "import sys, guard; assert 'guard.engine' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

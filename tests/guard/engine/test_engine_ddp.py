@@ -104,3 +104,8 @@ def test_engine_no_sync_skips_the_allreduce(ddp_pool):
 def test_acl308_sees_token_counts_of_all_ranks(ddp_pool):
     """Only the cross-rank gather reveals this bias: each rank alone is uniform."""
     assert ddp_pool.run(ddp_cases.token_counts_differ_across_ranks) == [["ACL308"]] * W
+
+
+def test_a_user_wrapped_ddp_model_is_kept_and_accumulated(ddp_pool):
+    results = ddp_pool.run(ddp_cases.user_wrapped_ddp, n=N)
+    assert results == [{"same_object": True, "allreduces": 1}] * W
