@@ -22,8 +22,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from guard import _install, _patch, _report
 
 _local = threading.local()
@@ -75,6 +73,7 @@ def _sampler(tracker) -> None:
 
 
 def _ddp(tracker) -> None:
+    import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     if _installed(DDP, "forward"):
@@ -98,6 +97,8 @@ def _ddp(tracker) -> None:
 
 
 def _train_mode(tracker) -> None:
+    import torch
+
     if _installed(torch.nn.Module, "train"):
         return
     original = torch.nn.Module.train
@@ -127,14 +128,14 @@ def _gather(tracker) -> None:
 
         @_patch.wraps_original(gather)
         def gather_(accelerator, tensor):
-            if not getattr(_local, "in_gather_for_metrics", False):
+            if not _in_gather_for_metrics():
                 tracker.emit("gather", accelerator=accelerator)
             return gather(accelerator, tensor)
 
         @_patch.wraps_original(for_metrics)
         def gather_for_metrics_(accelerator, *args, **kwargs):
-            previous, _local.in_gather_for_metrics = _in_gfm(), True
-            try:
+            previous, _local.in_gather_for_metrics = _in_gather_for_metrics(), True
+            try:  # gather_for_metrics calls gather itself: not a user call
                 return for_metrics(accelerator, *args, **kwargs)
             finally:
                 _local.in_gather_for_metrics = previous
@@ -145,7 +146,7 @@ def _gather(tracker) -> None:
     _install.when_imported("accelerate", patch_accelerate)
 
 
-def _in_gfm() -> bool:
+def _in_gather_for_metrics() -> bool:
     return getattr(_local, "in_gather_for_metrics", False)
 
 
