@@ -200,8 +200,11 @@ class PreparedScheduler:
     def get_last_lr(self) -> list[float]:
         return self.scheduler.get_last_lr()
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["scheduler"], name)
+    def __getattr__(self, name: str) -> Any:  # last_epoch, base_lrs, ... of the wrapped scheduler
+        scheduler = self.__dict__.get("scheduler")
+        if scheduler is None:
+            raise AttributeError(name)
+        return getattr(scheduler, name)
 
 
 class _ShardedBatches(torch.utils.data.Sampler):
