@@ -14,9 +14,13 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def export_to_children() -> None:
     """Make Python child processes (torchrun workers, spawn) install the guard themselves."""
-    parts = [_CHILD_DIR, _ROOT] + [
-        p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p
-    ]
+    import site
+
+    # A source checkout must be importable in the children; an installed guard already is (and
+    # putting site-packages ahead of the standard library could shadow it).
+    installed = _ROOT in [*site.getsitepackages(), site.getusersitepackages()]
+    own = [_CHILD_DIR] if installed else [_CHILD_DIR, _ROOT]
+    parts = own + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
     os.environ["ACCEL_GUARD"] = _report.mode()
 
