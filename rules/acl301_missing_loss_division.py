@@ -60,22 +60,33 @@ def check(ctx) -> None:
     """Report undivided losses in manual accumulation loops (step gated every K micro-steps)."""
     model = ctx.model
     for loop in model.loops:
-        if not _manual_accumulation(loop) or loop.of_kind("engine_backward", "grad_div"):
+        if loop.of_kind("engine_backward", "grad_div"):
             continue
         for site in loop.of_kind("backward"):
-            if model.regions_around(site.stmt, "accumulate"):
+            gate = model.gate_for(loop, site.stmt)
+            if not _manual_accumulation(gate) or model.regions_around(site.stmt, "accumulate"):
                 continue
             if model.on_update_step(loop, site.stmt):
                 continue
             flow = model.flow(site)
-            if flow is not None and flow.state == "undivided":
-                _report(ctx, loop, site)
+            if flow is not None and flow.state == "undivided" and not _handed_k(flow, gate):
+                _report(ctx, gate, site, flow)
 
 
-def _manual_accumulation(loop) -> bool:
+def _handed_k(flow, gate) -> bool:
+    """An opaque call given the namespace that holds K (`train_step(batch, args)` with K
+    `args.accum`) may read K and divide by it."""
+    from linter.model.cst_util import code, dotted
+
+    head = code(gate.k).split(".", 1)[0]
+    if head == code(gate.k):
+        return False
+    return any(dotted(a.value) == head for call in flow.opaque for a in call.args)
+
+
+def _manual_accumulation(gate) -> bool:
     from linter.model.cst_util import int_value
 
-    gate = loop.gate
     if gate is None or gate.k is None or gate.kind not in ("modulo", "counter", "micro-loop"):
         return False
     value = int_value(gate.k)
@@ -101,28 +112,44 @@ def _operand(loss) -> str:
     return code(loss) if isinstance(loss, atoms) else f"({code(strip_parens(loss))})"
 
 
-def _report(ctx, loop, site) -> None:
-    import libcst as cst
-
+def _report(ctx, gate, site, flow) -> None:
     from linter.context import make_fix
-    from linter.model.cst_util import code
+    from linter.model.cst_util import code, int_value
 
     model = ctx.model
     loss = model.loss_expr(site)
-    k = _k_text(loop.gate.k)
-    edit = None
-    if isinstance(loss, cst.Name) and site.stmt.index == 0:
-        edit = ctx.insert_line_before(site.stmt.line, f"{loss.value} = {loss.value} / {k}")
-    if edit is None:
-        divided = f"{_operand(loss)} / {k}"
-        receiver = site.call.func.value if isinstance(site.call.func, cst.Attribute) else None
-        edit = ctx.replace(loss, f"({divided})" if loss is receiver else divided)
-    where = ctx.line_of(loop.gate.node)
+    k = _k_text(gate.k)
+    where = ctx.line_of(gate.node)
+    notes = [f"accumulation value K = {k} (step gate at line {where})"]
+    fix = None
+    if flow.opaque:
+        callee = code(flow.opaque[0].func)
+        notes.append(
+            f"the loss comes from `{callee}`, which the linter cannot see into: no fix is "
+            "offered (if it already averages over the window, or sums on purpose, mark the line "
+            "with `# noqa: ACL301`)"
+        )
+    else:
+        fix = make_fix(f"Divide the loss by `{k}`", _division_edit(ctx, site, loss, k))
+    source = f" (from `{code(flow.opaque[0].func)}`)" if flow.opaque else ""
+    n = k if int_value(gate.k) is not None else f"`{k}`"
     ctx.report(
         site.call,
-        f"`{code(loss)}` is backpropagated undivided while the optimizer steps every {k} "
-        f"micro-steps: the window sums {k} mean losses, so the gradients are {k} times too "
-        "large",
-        make_fix(f"Divide the loss by `{k}`", edit),
-        notes=(f"accumulation value K = {k} (step gate at line {where})",),
+        f"`{code(loss)}`{source} is backpropagated undivided while the optimizer steps every "
+        f"{n} micro-steps: the window sums {n} losses, so the gradients are {n} times those of "
+        "the window's mean loss",
+        fix,
+        notes=tuple(notes),
     )
+
+
+def _division_edit(ctx, site, loss, k: str):
+    import libcst as cst
+
+    if isinstance(loss, cst.Name) and site.stmt.index == 0:
+        edit = ctx.insert_line_before(site.stmt.line, f"{loss.value} = {loss.value} / {k}")
+        if edit is not None:
+            return edit
+    divided = f"{_operand(loss)} / {k}"
+    receiver = site.call.func.value if isinstance(site.call.func, cst.Attribute) else None
+    return ctx.replace(loss, f"({divided})" if loss is receiver else divided)

@@ -71,8 +71,10 @@ def check(ctx) -> None:
             if regions:
                 receiver = regions[-1].receiver or "accelerator"
                 found.append((site, f"{receiver}.sync_gradients", f"`{receiver}.accumulate`"))
-            elif _gated_manually(loop, site):
-                found.append((site, _condition(loop.gate), "a manual accumulation loop"))
+            else:
+                gate = model.gate_for(loop, site.stmt)
+                if _gated_manually(gate, site):
+                    found.append((site, _condition(gate), "a manual accumulation loop"))
         for run in _runs(found):
             _report_run(ctx, run)
 
@@ -104,10 +106,9 @@ def _runs(found):
     return runs
 
 
-def _gated_manually(loop, site) -> bool:
+def _gated_manually(gate, site) -> bool:
     from linter.model.cst_util import int_value
 
-    gate = loop.gate
     if gate is None or gate.kind == "accumulate":
         return False
     if int_value(gate.k) is not None and int_value(gate.k) <= 1:

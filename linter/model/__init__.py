@@ -19,6 +19,8 @@ from linter.model.loops import (
     Site,
     TrainingLoop,
     find_training_loops,
+    same_path,
+    step_gate,
     update_gate,
 )
 from linter.model.names import Imports
@@ -166,6 +168,15 @@ class Model:
             return None
         return candidates[0] if len(candidates) == 1 else None
 
+    def defines_function(self, func: cst.BaseExpression) -> bool:
+        """Whether the callee is named like one of this module's own functions or methods."""
+        text = dotted(func)
+        if text is None:
+            return False
+        if "." not in text:
+            return text in self.function_defs
+        return text.startswith("self.") and text.split(".", 1)[1] in self.function_defs
+
     def engine_in_scope(self, scope: Scope) -> str | None:
         """An expression for the engine usable at this point of `scope`, for autofixes."""
         texts = [t for t, e in self.setup.engines.items() if e.kind in ("accelerate", "guard")]
@@ -304,6 +315,22 @@ class Model:
         frames = {id(f.node) for f in stmt.frames if f.kind == "with"}
         return [r for r in self.regions if r.kind == kind and id(r.with_node) in frames]
 
+    def gate_for(self, loop: TrainingLoop, stmt: Stmt) -> Gate | None:
+        """The step gate on the paths through `stmt`.
+
+        A loop may step every batch in one branch and every K batches in another (Swin's
+        `if ACCUMULATION_STEPS > 1:` ... `else:`); only the steps that can run in the same
+        iteration as `stmt` say whether it is in a manual accumulation window.
+        """
+        gate = loop.gate
+        if gate is None or gate.kind not in ("modulo", "counter"):
+            return gate
+        steps = [s for s in loop.steps if same_path(s.stmt, stmt)]
+        gates = [g for s in steps if (g := step_gate(loop, s)) is not None]
+        if steps and not gates:
+            return None
+        return gates[0] if gates else gate
+
     def on_update_step(self, loop: TrainingLoop, stmt: Stmt) -> bool:
         """Whether the statement runs only when the optimizer steps."""
         frames = loop.frames_of(stmt)
@@ -312,13 +339,13 @@ class Model:
         gate = loop.gate
         if gate is not None and gate.kind == "micro-loop":
             return not any(f.node is gate.node for f in frames)  # once per outer iteration
-        step_frames = [
-            (id(f.node), f.holds)
-            for step in loop.steps
-            for f in loop.frames_of(step.stmt)
-            if f.kind == "if"
-        ]
-        return any((id(f.node), f.holds) in step_frames for f in frames if f.kind == "if")
+        return bool(self._step_only_branches(loop, stmt) & _branches(frames))
+
+    def _step_only_branches(self, loop: TrainingLoop, stmt: Stmt) -> set[tuple[int, bool]]:
+        """`if` branches that hold a step of this path but no backward: the update branch."""
+        steps = {b for s in loop.steps if same_path(s.stmt, stmt) for b in _branches(s.stmt.frames)}
+        backwards = {b for s in loop.backwards for b in _branches(s.stmt.frames)}
+        return steps - backwards
 
     def flow(self, site: Site) -> Flow | None:
         """The dataflow of the loss of a backward site."""
@@ -359,3 +386,7 @@ class Model:
 
     def line(self, node: cst.CSTNode) -> int:
         return self.positions.line(node)
+
+
+def _branches(frames) -> set[tuple[int, bool]]:
+    return {(id(f.node), f.holds) for f in frames if f.kind == "if"}

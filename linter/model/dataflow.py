@@ -1,8 +1,10 @@
 """The dataflow of a loss into its backward: was it divided on the way, and by what?
 
 The answer is three-valued on purpose. "divided" means some division (by K, a token count, an item
-count) is visible; "undivided" means every path ends in a model or loss-function output with no
-division; "unknown" means a call the linter cannot see into, where a rule must stay silent.
+count) is visible; "undivided" means no path divides, whether it ends in a model or loss-function
+output or in a call the linter cannot see into (named in `Flow.opaque`, so that no fix is offered);
+"unknown" is left for what could still divide: a same-module function whose body cannot be
+resolved, a name with no visible value, or an opaque call (or factor) handed the accumulation value.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ _PASS_METHODS = {
     "cpu",
 }
 _LOSS_FN_NAME = re.compile(r"^(crit(erion)?\w*|loss_(fn|fct|func|function)|lossfn|\w*_criterion)$")
+# Names that may hold K or 1/K: an opaque call or factor given one of them may divide.
+_MAY_HOLD_K = re.compile(r"acc(um|_)|grad_?acc|(^|_)inv(_|$)|recip|scale|norm|denom", re.I)
+_BUILTIN_REDUCTIONS = {"sum", "max", "min", "abs", "float"}
 _MAX_DEPTH = 4
 _NO_GRAD = {"torch.no_grad", "torch.inference_mode"}
 
@@ -48,6 +53,7 @@ class Flow:
     steps: list[tuple[str, Stmt]] = field(default_factory=list)
     divisors: list[cst.BaseExpression] = field(default_factory=list)
     models: set[str] = field(default_factory=set)
+    opaque: list[cst.Call] = field(default_factory=list)  # calls the linter cannot see into
 
 
 def _combine(*states: str) -> str:
@@ -136,7 +142,7 @@ class Tracer:
                 return DIVIDED
             if _is_number(d.value):
                 return previous
-            return _combine(previous, self._expr(d.value, scope, order, depth, None))
+            return self._product([(previous, None), self._factor(d.value, scope, order, depth)])
         if d.op in ("+=", "-="):
             return _combine(previous, self._expr(d.value, scope, order, depth, None))
         return UNKNOWN
@@ -177,9 +183,8 @@ class Tracer:
                     return DIVIDED
                 if _is_number(other):
                     return self._expr(mine, scope, order, depth, None)
-            return _combine(
-                self._expr(node.left, scope, order, depth, None),
-                self._expr(node.right, scope, order, depth, None),
+            return self._product(
+                [self._factor(side, scope, order, depth) for side in (node.left, node.right)]
             )
         if isinstance(op, (cst.Add, cst.Subtract)):
             return _combine(
@@ -187,6 +192,23 @@ class Tracer:
                 self._expr(node.right, scope, order, depth, None),
             )
         return UNKNOWN
+
+    def _factor(self, node, scope: Scope, order: int, depth: int):
+        """(state, node) of one side of a product."""
+        return self._expr(node, scope, order, depth, None), node
+
+    def _product(self, factors) -> str:
+        """A product divides when a factor does; a factor of unknown value (a loss weight, the
+        world size) leaves the loss as undivided as the other factors, unless it may hold 1/K."""
+        states = [state for state, _ in factors]
+        if DIVIDED in states:
+            return DIVIDED
+        if any(
+            state == UNKNOWN and node is not None and _may_hold_k(node) for state, node in factors
+        ):
+            return UNKNOWN
+        known = [state for state in states if state != UNKNOWN]
+        return _combine(*known) if known else UNKNOWN
 
     # calls -------------------------------------------------------------------------
     def _call(self, node: cst.Call, scope: Scope, order: int, depth: int, index) -> str:
@@ -214,8 +236,13 @@ class Tracer:
         local = self.model.local_function(node.func, scope)
         if local is not None:
             return self._returns(local, depth, index)
+        if self.model.defines_function(node.func):
+            self._args(node, scope, order, depth)
+            return UNKNOWN  # the module's own function, but not one we can pick out
         if qual.startswith("torch.nn.functional.") or self._is_loss_object(node.func, scope):
             self._args(node, scope, order, depth)
+            if self._custom_loss_object(node.func, scope):
+                self.flow.opaque.append(node)
             return UNDIVIDED
         if self._is_object(node.func, scope, order):
             self.flow.models.add(code(node.func))
@@ -223,14 +250,32 @@ class Tracer:
                 self._args(node, scope, order, depth)
                 return DIVIDED  # the model normalises by the window's item count
             self._args(node, scope, order, depth)
+            if self._custom_loss_object(node.func, scope):
+                self.flow.opaque.append(node)
             return UNDIVIDED
+        if (qual.startswith("torch.") or qual in _BUILTIN_REDUCTIONS) and node.args:
+            return self._tensor_function(node, scope, order, depth)
+        return self._opaque(node, scope, order, depth)
+
+    def _tensor_function(self, node: cst.Call, scope: Scope, order: int, depth: int) -> str:
+        """`torch.stack(losses)`, `torch.cat(...)`: as divided as the tensors handed to it."""
+        states = [self._expr(a.value, scope, order, depth + 1, None) for a in node.args]
+        return _combine(*states)
+
+    def _opaque(self, node: cst.Call, scope: Scope, order: int, depth: int) -> str:
+        """An imported function or an unknown object's method: it cannot be seen into."""
         self._args(node, scope, order, depth)
-        return UNKNOWN
+        if any(_may_hold_k(a.value) for a in node.args):
+            return UNKNOWN  # handed K (`compute_loss(batch, args.accum)`): it may divide
+        self.flow.opaque.append(node)
+        return UNDIVIDED
 
     def _args(self, node: cst.Call, scope: Scope, order: int, depth: int) -> None:
         """Trace arguments only to learn which models the loss comes from."""
+        opaque = len(self.flow.opaque)
         for arg in node.args:
             self._expr(arg.value, scope, order, depth + 1, None)
+        del self.flow.opaque[opaque:]  # calls inside the inputs are not on the loss's path
 
     def _returns(self, scope: Scope, depth: int, index: int | None) -> str:
         if not scope.returns:
@@ -254,6 +299,19 @@ class Tracer:
                     return True
         return False
 
+    def _custom_loss_object(self, func, scope: Scope) -> bool:
+        """A loss object built from an imported class outside torch (YOLO's `ComputeLoss`): its
+        reduction is the author's choice, so a fix that divides it is not safe."""
+        text = dotted(func)
+        if text is None or "loss" not in text.lower():
+            return False
+        for d in scope.defs.get(text) or self.model.module_defs(text):
+            if isinstance(d.value, cst.Call) and self.model.imports.is_imported(d.value.func):
+                qual = self.model.imports.qualify(d.value.func) or ""
+                if not qual.startswith("torch."):
+                    return True
+        return False
+
     def _is_object(self, func, scope: Scope, order: int) -> bool:
         """A call of an object held in a variable: a model, not a function we cannot see."""
         text = dotted(func)
@@ -267,6 +325,11 @@ class Tracer:
         if head == "self" and text.count(".") == 1:
             return bool(self.model.module_defs(text))
         return False
+
+
+def _may_hold_k(node: cst.CSTNode) -> bool:
+    """Whether an expression's text names something that may be K or 1/K."""
+    return bool(_MAY_HOLD_K.search(code(node)))
 
 
 def trace_loss(model: Model, scope: Scope, expr: cst.BaseExpression, stmt: Stmt) -> Flow:

@@ -128,21 +128,54 @@ def _inside(stmt: Stmt, owner: cst.CSTNode) -> bool:
 
 
 def _counters(scope: Scope, loop: cst.CSTNode) -> set[str]:
-    """Names incremented by one inside the loop (manual micro-step counters)."""
+    """Micro-step counters of the loop, as the text a step gate compares with K.
+
+    `micro` for `micro += 1` in the loop or in a loop around it (neural_sp counts batches in the
+    outer loop and steps inside a per-task loop), and `ni - last` for a "last step" marker that
+    the loop sets with `last = ni` (YOLO's `ni - last_opt_step >= accumulate`).
+    """
+    around = [loop, *_enclosing_loops(scope, loop)]
     found = set()
     for name, defs in scope.defs.items():
         for d in defs:
-            if d.op == "+=" and int_value(d.value) == 1 and _inside(d.stmt, loop):
+            if not any(_inside(d.stmt, node) for node in around):
+                continue
+            if d.op == "+=" and int_value(d.value) == 1:
                 found.add(name)
+            elif d.op == "=" and d.tuple_index is None and dotted(d.value) is not None:
+                if _inside(d.stmt, loop):
+                    found.add(f"{dotted(d.value)} - {name}")
     return found
+
+
+def _enclosing_loops(scope: Scope, loop: cst.CSTNode) -> list[cst.CSTNode]:
+    for stmt in scope.stmts:
+        chain = stmt.loops()
+        if loop in chain:
+            return chain[: chain.index(loop)]
+    return []
+
+
+def step_gate(loop: TrainingLoop, step: Site) -> Gate | None:
+    """The condition that lets this optimizer/scaler step run only on update steps."""
+    for frame in reversed(loop.frames_of(step.stmt)):
+        gate = update_gate(frame, loop.counters)
+        if gate is not None:
+            return gate
+    return None
+
+
+def same_path(a: Stmt, b: Stmt) -> bool:
+    """Whether both statements can run in one iteration (no `if` puts them in opposite branches)."""
+    branches = {id(f.node): f.holds for f in a.frames if f.kind == "if"}
+    return all(branches.get(id(f.node), f.holds) == f.holds for f in b.frames if f.kind == "if")
 
 
 def _step_gate(loop: TrainingLoop) -> Gate | None:
     for step in loop.steps:
-        for frame in reversed(loop.frames_of(step.stmt)):
-            gate = update_gate(frame, loop.counters)
-            if gate is not None:
-                return gate
+        gate = step_gate(loop, step)
+        if gate is not None:
+            return gate
     zeroed = any(
         any(f.node is loop.micro_loop for f in z.stmt.frames) for z in loop.of_kind("zero_grad")
     )
@@ -207,7 +240,7 @@ def _comparison(test: cst.Comparison, holds: bool, counters: set[str]):
     modulo = _find_modulo(test.left) or _find_modulo(target.comparator)
     if modulo is not None and (equal or not_equal):
         return _modulo(modulo, holds if equal else not holds)
-    left = dotted(test.left)
+    left = dotted(test.left) or code(test.left)
     if left in counters:
         at_least = isinstance(operator, (cst.GreaterThanEqual, cst.Equal))
         below = isinstance(operator, cst.LessThan)

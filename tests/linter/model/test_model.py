@@ -100,6 +100,44 @@ def test_counter_gate_with_reset():
     assert (loop.gate.kind, code(loop.gate.k)) == ("counter", "K")
 
 
+def test_last_step_marker_gate():
+    source = """
+    last = -1
+    for i, batch in enumerate(dl):
+        ni = i + nb * epoch
+        crit(model(batch)).backward()
+        if ni - last >= accumulate:
+            opt.step()
+            last = ni
+    """
+    (loop,) = build(source).loops
+    assert (loop.gate.kind, code(loop.gate.k)) == ("counter", "accumulate")
+    plain = build(source.replace("            last = ni\n", ""))
+    assert plain.loops[0].gate is None  # without the marker it is not a window
+
+
+def test_gate_of_the_branch_a_statement_is_in():
+    source = """
+    for i, (x, y) in enumerate(dl):
+        if accum > 1:
+            crit(model(x), y).backward()
+            clip(model.parameters(), 1.0)
+            if (i + 1) % accum == 0:
+                opt.step()
+        else:
+            crit(model(x), y).backward()
+            clip(model.parameters(), 1.0)
+            opt.step()
+    """
+    model = build(source)
+    (loop,) = model.loops
+    first, second = loop.backwards
+    assert code(model.gate_for(loop, first.stmt).k) == "accum"
+    assert model.gate_for(loop, second.stmt) is None
+    # sharing the `else` branch with a step does not put a statement on the update step
+    assert not model.on_update_step(loop, second.stmt)
+
+
 def test_micro_step_loop_owns_no_step_so_the_outer_loop_is_the_training_loop():
     source = """
     while True:
@@ -126,7 +164,14 @@ def test_micro_step_loop_owns_no_step_so_the_outer_loop_is_the_training_loop():
         (["loss = crit(model(x), y) * (1.0 / K)"], "divided"),
         (["inv = 1 / K", "loss = crit(model(x), y) * inv"], "divided"),
         (["loss = crit(model(x), y).div(K)"], "divided"),
-        (["loss = compute_loss(model, x)"], "unknown"),
+        (["loss = compute_loss(model, x)"], "undivided"),
+        (["loss = compute_loss(model, x, args.grad_accum)"], "unknown"),
+        (["loss = crit(model(x), y)", "loss *= world_size"], "undivided"),
+        (["loss = crit(model(x), y) * loss_weight"], "undivided"),
+        (["loss = crit(model(x), y) * loss_scale"], "unknown"),
+        (["loss = sum(crit(model(x), y) for x in xs)"], "unknown"),
+        (["loss = torch.stack([crit(model(x), y)]).mean()"], "unknown"),
+        (["loss = torch.div(crit(model(x), y), K)"], "divided"),
         (["loss = crit(model(x), y)", "loss = loss + aux / K"], "divided"),
     ],
 )

@@ -104,6 +104,66 @@ def test_trainer_method_with_expression_loss(acl301, at):
     assert "(self.loss_fn(self.model(x), y) / self.accum).backward()" in acl301.fixed(source)
 
 
+def test_loss_from_a_call_the_linter_cannot_see_into_is_reported_without_fix(acl301, at):
+    source = """
+    from mylib import compute_loss
+
+    for i, batch in enumerate(dl):
+        loss = compute_loss(model, batch)
+        loss.backward()
+        if (i + 1) % N == 0:
+            opt.step()
+    """
+    (diagnostic,) = acl301.diagnostics(source)
+    assert (diagnostic.start.line, diagnostic.start.column) == at(source, "loss.backward()")
+    assert diagnostic.fix is None
+    assert "`compute_loss`" in diagnostic.message
+
+
+def test_imported_loss_object_summed_on_purpose_gets_no_fix(acl301, at):
+    # YOLO style: a loss class from the project, a "last step" marker gate, a world-size factor
+    source = """
+    from utils.loss import ComputeLoss
+
+    def train(model, loader, optimizer, scaler, accumulate):
+        compute_loss = ComputeLoss(model)
+        last_opt_step = -1
+        for i, (imgs, targets) in enumerate(loader):
+            ni = i + nb * epoch
+            loss, loss_items = compute_loss(model(imgs), targets)
+            if RANK != -1:
+                loss *= WORLD_SIZE
+            scaler.scale(loss).backward()
+            if ni - last_opt_step >= accumulate:
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad()
+                last_opt_step = ni
+    """
+    (diagnostic,) = acl301.diagnostics(source)
+    assert (diagnostic.start.line, diagnostic.start.column) == at(source, "scaler.scale(loss)")
+    assert diagnostic.fix is None
+
+
+def test_counter_of_an_outer_loop_gates_a_per_task_loop(acl301, at):
+    source = """
+    model = Speech2Text(args)
+    accum = 0
+    while True:
+        batch = loader.next()
+        accum += 1
+        for task in tasks:
+            loss, obs = model(batch, task)
+            loss.backward()
+            if args.accum_steps == 1 or accum >= args.accum_steps:
+                optimizer.step()
+                optimizer.zero_grad()
+                accum = 0
+    """
+    assert acl301.findings(source) == [("ACL301", *at(source, "loss.backward()"))]
+    assert "loss = loss / args.accum_steps\n" in acl301.fixed(source)
+
+
 def test_one_line_loop_body(acl301, at):
     source = """
     for i, (x, y) in enumerate(dl):
@@ -229,14 +289,32 @@ def test_loop_without_step_gating(acl301):
     assert acl301.findings(source) == []
 
 
-def test_loss_from_a_call_the_linter_cannot_see_into(acl301):
+def test_helper_handed_the_accumulation_value_may_divide(acl301):
     source = """
     from mylib import compute_loss
 
     for i, batch in enumerate(dl):
-        loss = compute_loss(model, batch)
+        loss = compute_loss(model, batch, args.grad_accum)
         loss.backward()
-        if (i + 1) % N == 0:
+        if (i + 1) % args.grad_accum == 0:
+            opt.step()
+    """
+    assert acl301.findings(source) == []
+    # handed the namespace that holds K: it may read and divide by it too
+    assert acl301.findings(source.replace("args.grad_accum)", "args)")) == []
+
+
+def test_branch_that_steps_every_batch_is_not_a_window(acl301):
+    source = """
+    for idx, (x, y) in enumerate(dl):
+        if cfg.ACCUM > 1:
+            loss = crit(model(x), y) / cfg.ACCUM
+            loss.backward()
+            if (idx + 1) % cfg.ACCUM == 0:
+                opt.step()
+        else:
+            loss = crit(model(x), y)
+            loss.backward()
             opt.step()
     """
     assert acl301.findings(source) == []

@@ -126,6 +126,35 @@ def test_nanogpt_style_clip_inside_the_micro_step_loop(acl303, at):
     assert acl303.findings(source) == [("ACL303", *at(source, "scaler.unscale_"))]
 
 
+SWIN_STYLE = """
+import torch
+
+for idx, (x, y) in enumerate(dl):
+    out = model(x)
+    if cfg.ACCUM > 1:
+        loss = crit(out, y) / cfg.ACCUM
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.CLIP)
+        if (idx + 1) % cfg.ACCUM == 0:
+            opt.step()
+            opt.zero_grad()
+    else:
+        loss = crit(out, y)
+        opt.zero_grad()
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.CLIP)
+        opt.step()
+    log(norm)
+"""
+
+
+def test_clip_in_the_accumulating_branch_only(acl303, at):
+    # the `else` branch steps every batch: its clip is right; the K branch clips partial sums
+    (diagnostic,) = acl303.diagnostics(SWIN_STYLE)
+    assert (diagnostic.start.line, diagnostic.start.column) == at(SWIN_STYLE, "torch.nn.utils")
+    assert diagnostic.fix is None  # `norm` is read after the branch
+
+
 # --- must not flag ---------------------------------------------------------------------------
 
 
