@@ -6,6 +6,8 @@ generator's backward left in D is not a discard: `opt_g.step()` consumed that ba
 optimizers only really zero on sync steps, so there the discard is reported at once. In plain
 loops a single discard before the first step is allowed (a sanity-check backward followed by
 zero_grad); the second one, or any after training started, raises before the window is lost.
+`model.zero_grad()` on a model in eval mode clears evaluation-time gradients (saliency maps),
+not a training window, and is left alone.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ def install(tracker) -> None:
     def before_zero_grad(owner, states, **_) -> None:
         if tracker.backward_id == last_step["backward_id"]:
             return  # every backward so far was followed by some optimizer step
+        if getattr(owner, "training", True) is False:
+            return  # a module in eval mode: gradients of an evaluation (saliency), not a window
         for st in states:
             if st.contrib_backwards and _is_discard(st):
                 _report(owner, st)

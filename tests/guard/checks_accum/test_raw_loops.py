@@ -180,6 +180,13 @@ def test_acl304_must_not_flag_classic_loops_gans_and_window_start_zeroing(guard_
         opt_g.zero_grad()
         (-disc(fake).mean()).backward()
         opt_g.step()
+    model.eval()
+    for x, _y in make_loader(batches=2):  # saliency maps after training: gradients on purpose
+        x.requires_grad_(True)
+        model.zero_grad()
+        model(x).sum().backward()
+        assert x.grad is not None
+    model.train()
     assert codes(guard_on) == []
 
 
