@@ -6,15 +6,20 @@ computed is reused. Under a GradScaler, inf gradients are the scaler's business 
 PyTorch gradient-penalty recipe produces them on purpose, and ACL603 reports a persistent
 streak), so there only a NaN loss before scaling is reported, as a warning, since the scaler
 will skip the step. That flag is recorded on the device at `scale()` and read at the step.
+
+Option `guard.configure(nonfinite_policy="skip")` (default "raise"): instead of an error, warn,
+clear the optimizer's gradients and let the step run without them, so no parameter changes.
 """
 
 from __future__ import annotations
 
 import torch
 
+from guard import _report
 from guard.checks._common import report
 
 CODES = ("ACL601",)
+OPTIONS = {"nonfinite_policy": "raise"}
 _LOSSES, _NORM = "ACL601.losses", "ACL601.norm"
 
 
@@ -74,13 +79,24 @@ def _before_step(optimizer, state, in_scaler_step, **_) -> None:
         norm = _grad_norm(optimizer)
     if norm is None or bool(torch.isfinite(norm)):
         return
+    what = f"the total gradient norm is {float(norm)} (a non-finite loss or gradient)"
+    if _report.option("nonfinite_policy", OPTIONS["nonfinite_policy"]) == "skip":
+        _clear_gradients(optimizer)
+        report("ACL601", f"{what}: gradients cleared, this step changes nothing", "warning")
+        return
     report(
         "ACL601",
-        f"the total gradient norm is {float(norm)} (a non-finite loss or gradient): this step "
-        "would write inf/NaN into every weight it updates; find the source "
+        f"{what}: this step would write inf/NaN into every weight it updates; find the source "
         "(torch.autograd.detect_anomaly()), skip such batches, or clip with "
         "error_if_nonfinite=True",
     )
+
+
+def _clear_gradients(optimizer) -> None:
+    """Optimizers skip parameters whose grad is None, so the step that follows is a no-op."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            p.grad = None
 
 
 def _grad_norm(optimizer) -> torch.Tensor | None:

@@ -107,6 +107,26 @@ def test_acl601_raises_before_a_nan_reaches_the_weights(guard_on):
     assert _same(before, _params(model))
 
 
+def test_acl601_skip_policy_clears_the_step_and_training_goes_on(guard_on):
+    guard_on.configure(nonfinite_policy="skip")
+    try:
+        model, optimizer, _, x, y = _setup(fp16=False)
+        bad = x.clone()
+        bad[3, 2] = float("nan")
+        before = _params(model)
+        F.mse_loss(model(bad), y).backward()
+        optimizer.step()  # skipped: gradients cleared, no raise
+        assert _same(before, _params(model))
+        F.mse_loss(model(x), y).backward()
+        optimizer.step()  # a clean batch trains as usual
+        assert not _same(before, _params(model))
+        assert all(torch.isfinite(p).all() for p in model.parameters())
+        (finding,) = guard_on.findings()
+        assert (finding.code, finding.level) == ("ACL601", "warning")
+    finally:
+        guard_on.configure(nonfinite_policy="raise")
+
+
 def test_acl601_reports_a_non_finite_gradient_with_a_finite_loss(guard_on):
     model, optimizer, _, x, y = _setup(fp16=False)
     F.mse_loss(model(x), y).backward()
