@@ -81,13 +81,18 @@ def _stepping_scaler(model, loop) -> str | None:
 def _already_scaled(model, site) -> bool:
     import libcst as cst
 
+    from linter.model.cst_util import dotted
+
     loss = model.loss_expr(site)
     func = site.call.func
+    scope = site.stmt.scope
     if model.is_backward_function(site.call):
-        return loss is not None and model.scaled_loss(loss, site.stmt.scope) is not None
-    return isinstance(func, cst.Attribute) and (
-        model.scaled_loss(func.value, site.stmt.scope) is not None
-    )
+        return loss is not None and model.scaled_loss(loss, scope) is not None
+    if not isinstance(func, cst.Attribute):
+        return False
+    if isinstance(func.value, cst.Name) and model.scale_loss_source(dotted(func.value), scope):
+        return True  # apex: `with amp.scale_loss(loss, opt) as scaled: scaled.backward()`
+    return model.scaled_loss(func.value, scope) is not None
 
 
 def _other_branch_owns_backward(model, loop, site) -> bool:
@@ -110,7 +115,9 @@ def _flows_from_prepared(model, site) -> bool:
     if flow is None or not flow.models:
         return True
     scope = site.stmt.scope
-    return any(model.is_prepared(name, scope) or name in scope.params for name in flow.models)
+    return any(
+        model.derives_from_prepared(name, scope) or name in scope.params for name in flow.models
+    )
 
 
 def _loss_and_rest(ctx, site):
@@ -148,12 +155,44 @@ def _report_engine(ctx, site) -> None:
         edit = ctx.replace(site.call, f"{engine}.backward({code(loss)}{rest})")
         edits = [edit, *_named_division_edits(ctx, site, engine, loss)]
         fix = make_fix(f"Use `{engine}.backward(...)`", *edits)
-    ctx.report(
-        site.call,
-        f"raw backward bypasses `{name}.backward(loss)`: no division by the accumulation "
-        "steps and no fp16 loss scaling",
-        fix,
-    )
+    facts = _what_is_bypassed(model, site, name)
+    ctx.report(site.call, f"raw backward bypasses `{name}.backward(loss)`: {facts}", fix)
+
+
+def _what_is_bypassed(model, site, name: str) -> str:
+    """What skipping the engine's backward costs in this file, from its K and precision."""
+    from linter.model.cst_util import code, int_value
+
+    engine = model.engine_for(name, site.stmt.scope)
+    k = engine.accum if engine is not None else None
+    precision = engine.mixed_precision if engine is not None else None
+    if engine is not None and engine.node is not None and k is None and precision is None:
+        precision = "unknown"
+    facts = []
+    if k is not None and int_value(k) != 1:
+        n = str(int_value(k)) if int_value(k) is not None else f"`{code(k)}`"
+        flow = model.flow(site)
+        divisors = flow.divisors if flow is not None else []
+        if any(_is_engine_k(model, name, d) for d in divisors):
+            facts.append(f"the division by {n} is done by hand instead")
+        else:
+            facts.append(
+                f"the gradients of the {n} accumulation steps are summed, not averaged "
+                f"({n} times too large)"
+            )
+    if precision == "fp16":
+        facts.append("the fp16 loss is never scaled")
+    elif precision in (None, "unknown"):
+        facts.append("under fp16 the loss would not be scaled")
+    if len(facts) == 1 and "by hand" in facts[0]:
+        label = "fp32" if precision == "no" else precision
+        facts[0] += f" (right in {label}, but DeepSpeed/FSDP backward handling is skipped)"
+    if not facts:
+        facts.append(
+            f"no accumulation or fp16 is configured ({'fp32' if precision == 'no' else precision}),"
+            " but DeepSpeed/FSDP backward handling is skipped"
+        )
+    return "; ".join(facts)
 
 
 def _named_division_edits(ctx, site, engine: str, loss) -> list:
@@ -225,9 +264,11 @@ def _report_scaler(ctx, site, scaler: str) -> None:
         loss = parts[0]
         edit = ctx.replace(loss, f"{scaler}.scale({code(strip_parens(loss))})")
         fix = make_fix(f"Scale the loss with `{scaler}.scale(...)`", edit)
+    known = ctx.model.setup.scalers.get(scaler)
+    when = " when it is enabled" if known is None or known.enabled is None else ""
     ctx.report(
         site.call,
         f"backward of an unscaled loss in a loop that steps `{scaler}`: the fp16 gradients are "
-        f"never scaled (use `{scaler}.scale(loss).backward()`)",
+        f"never scaled{when} (use `{scaler}.scale(loss).backward()`)",
         fix,
     )

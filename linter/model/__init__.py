@@ -140,6 +140,31 @@ class Model:
             return not bound or any(dotted(b) in self.setup.prepared for b in bound)
         return True
 
+    def derives_from_prepared(self, text: str | None, scope: Scope) -> bool:
+        """Prepared, or built from a prepared object: `diffusion = MedSegDiff(model).to(dev)`
+        runs the prepared `model` inside its own forward."""
+        if self.is_prepared(text, scope):
+            return True
+        for d in scope.defs.get(text or "") or self.module_defs(text or ""):
+            call = _constructed_by(d.value)
+            if call is None:
+                continue
+            for arg in call.args:
+                if self.is_prepared(dotted(arg.value), d.stmt.scope):
+                    return True
+        return False
+
+    def scale_loss_source(self, name: str, scope: Scope) -> cst.BaseExpression | None:
+        """`X` for a name bound by apex's `with amp.scale_loss(X, opt) as name:`."""
+        for with_node, _ in scope.withs:
+            for item in with_node.items:
+                target = item.asname.name if item.asname is not None else None
+                pair = method_call(item.item)
+                if dotted(target) == name and pair is not None and pair[1] == "scale_loss":
+                    args = positional(item.item)
+                    return args[0] if args else None
+        return None
+
     def is_optimizer(self, text: str | None) -> bool:
         if not text:
             return False
@@ -390,3 +415,16 @@ class Model:
 
 def _branches(frames) -> set[tuple[int, bool]]:
     return {(id(f.node), f.holds) for f in frames if f.kind == "if"}
+
+
+_MOVES = {"to", "cuda", "cpu", "half", "float", "train", "eval", "requires_grad_"}
+
+
+def _constructed_by(value: cst.BaseExpression | None) -> cst.Call | None:
+    """The constructor call of `Wrapper(model, ...)`, also behind `.to(device)`-style moves."""
+    while isinstance(value, cst.Call):
+        pair = method_call(value)
+        if pair is None or pair[1] not in _MOVES or not isinstance(pair[0], cst.Call):
+            return value
+        value = pair[0]
+    return None

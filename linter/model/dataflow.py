@@ -115,6 +115,9 @@ class Tracer:
         defs = scope.defs_before(text, order)
         if defs:
             return self._def(defs[-1], scope, depth)
+        scaled = self.model.scale_loss_source(text, scope)
+        if scaled is not None:
+            return self._expr(scaled, scope, order, depth + 1, None)
         if isinstance(node, cst.Attribute):
             return self._expr(node.value, scope, order, depth, None)
         return UNKNOWN

@@ -24,6 +24,44 @@ def test_accelerate_loop_is_flagged_and_fixed(acl101, at):
     )
 
 
+def test_message_states_the_files_k_and_precision(acl101):
+    (diagnostic,) = acl101.diagnostics(ACCELERATE)
+    assert "4 accumulation steps are summed, not averaged (4 times too large)" in (
+        diagnostic.message
+    )
+    assert "the fp16 loss is never scaled" in diagnostic.message
+    divided = ACCELERATE.replace('mixed_precision="fp16"', 'mixed_precision="bf16"').replace(
+        "loss.backward()", "(loss / 4).backward()"
+    )
+    (diagnostic,) = acl101.diagnostics(divided)
+    assert "division by 4 is done by hand" in diagnostic.message
+    assert "fp16" not in diagnostic.message and "summed" not in diagnostic.message
+    unknown = ACCELERATE.replace('mixed_precision="fp16", gradient_accumulation_steps=4', "")
+    (diagnostic,) = acl101.diagnostics(unknown)
+    assert diagnostic.message.endswith("under fp16 the loss would not be scaled")
+
+
+def test_wrapper_built_from_the_prepared_model(acl101, at):
+    # med-seg-diff style: the diffusion wrapper runs the prepared model in its forward
+    source = """
+    from accelerate import Accelerator
+
+    def main():
+        accelerator = Accelerator(gradient_accumulation_steps=args.accum)
+        model, optimizer, dl = accelerator.prepare(model, optimizer, dl)
+        diffusion = MedSegDiff(model, timesteps=1000).to(accelerator.device)
+        for img, mask in dl:
+            with accelerator.accumulate(model):
+                loss = diffusion(mask, img)
+                loss.backward()
+                optimizer.step()
+    """
+    assert acl101.findings(source) == [("ACL101", *at(source, "loss.backward()"))]
+    assert "accelerator.backward(loss)" in acl101.fixed(source)
+    unprepared = source.replace("MedSegDiff(model,", "MedSegDiff(Unet(),")
+    assert acl101.findings(unprepared) == []
+
+
 def test_raw_amp_loop_scales_the_loss(acl101, at):
     source = """
     import torch
@@ -199,6 +237,26 @@ def test_scaled_backward(acl101):
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
+    """
+    assert acl101.findings(source) == []
+
+
+def test_apex_scale_loss_backward(acl101):
+    source = """
+    import torch
+    from apex import amp
+
+    scaler = torch.cuda.amp.GradScaler()
+    for x, y in dl:
+        loss = crit(model(x), y)
+        if use_apex:
+            with amp.scale_loss(loss, opt) as scaled_loss:
+                scaled_loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
     """
     assert acl101.findings(source) == []
 

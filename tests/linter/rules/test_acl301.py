@@ -320,6 +320,22 @@ def test_branch_that_steps_every_batch_is_not_a_window(acl301):
     assert acl301.findings(source) == []
 
 
+def test_apex_scaled_loss_follows_the_loss_it_scales(acl301, at):
+    source = """
+    from apex import amp
+
+    for i, (x, y) in enumerate(dl):
+        loss = crit(model(x), y)
+        with amp.scale_loss(loss, opt) as scaled_loss:
+            scaled_loss.backward()
+        if (i + 1) % K == 0:
+            opt.step()
+    """
+    assert acl301.findings(source) == [("ACL301", *at(source, "scaled_loss.backward()"))]
+    divided = source.replace("crit(model(x), y)", "crit(model(x), y) / K")
+    assert acl301.findings(divided) == []
+
+
 def test_gate_modulus_of_one_is_not_accumulation(acl301):
     assert acl301.findings(_loop("crit(model(x), y).backward()", gate="i % 1 == 0")) == []
 
