@@ -112,9 +112,9 @@ def _report_nested(ctx, region, outer) -> None:
             applicability="unsafe",
         )
     ctx.report(
-        region.call,
+        region.item.item,
         f"autocast region nested inside another enabled autocast region (line "
-        f"{ctx.line_of(outer.call)}): the inner one overrides the outer, so one of them is "
+        f"{ctx.line_of(outer.item.item)}): the inner one overrides the outer, so one of them is "
         "redundant or switches dtype mid-computation",
         fix,
     )
@@ -126,13 +126,19 @@ def _report_prepared(ctx, region, called: str, engine) -> None:
     scope = _scope_of(ctx.model, region)
     name = ctx.model.engine_in_scope(scope) if scope is not None else None
     name = name or engine.name
-    edit = ctx.replace(region.call, f"{name}.autocast()")
+    fix = None
+    if not region.via_name:  # `with ctx:`: the call is bound elsewhere and may be reused
+        fix = make_fix(
+            f"Use `{name}.autocast()`",
+            ctx.replace(region.call, f"{name}.autocast()"),
+            applicability="unsafe",
+        )
     ctx.report(
-        region.call,
+        region.item.item,
         f"autocast around `{called}`, which `{name}` already runs in "
         f"{engine.mixed_precision}: the loss and other code in this region also run in low "
         f"precision instead of fp32 (use `{name}.autocast()` or remove the region)",
-        make_fix(f"Use `{name}.autocast()`", edit, applicability="unsafe"),
+        fix,
     )
 
 

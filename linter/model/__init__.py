@@ -288,15 +288,31 @@ class Model:
         regions = []
         for with_node, frames in scope.withs:
             for item in with_node.items:
-                call = item.item
-                if not isinstance(call, cst.Call):
+                call = item.item if isinstance(item.item, cst.Call) else self._context(item, scope)
+                if call is None:
                     continue
                 kind = self._region_kind(call, scope)
                 if kind is not None:
                     pair = method_call(call)
                     receiver = dotted(pair[0]) if pair else None
-                    regions.append(Region(kind, with_node, item, call, receiver, frames))
+                    region = Region(kind, with_node, item, call, receiver, frames)
+                    region.via_name = call is not item.item
+                    regions.append(region)
         return regions
+
+    def _context(self, item: cst.WithItem, scope: Scope) -> cst.Call | None:
+        """The autocast call behind `with ctx:` (nanoGPT: `ctx = nullcontext() if cpu else
+        torch.amp.autocast(...)`)."""
+        text = dotted(item.item)
+        defs = scope.defs.get(text or "") or self.module_defs(text or "")
+        if len(defs) != 1 or defs[0].op != "=" or defs[0].tuple_index is not None:
+            return None
+        value = defs[0].value
+        options = [value.body, value.orelse] if isinstance(value, cst.IfExp) else [value]
+        for option in options:
+            if isinstance(option, cst.Call) and self._region_kind(option, scope) == "autocast":
+                return option
+        return None
 
     def _region_kind(self, call: cst.Call, scope: Scope) -> str | None:
         qual = self.imports.qualify(call.func) or ""

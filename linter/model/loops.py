@@ -52,6 +52,7 @@ class Region:
     call: cst.Call
     receiver: str | None
     frames: tuple[Frame, ...]
+    via_name: bool = False  # `with ctx:` where `ctx` was bound to the call elsewhere
 
 
 @dataclass(eq=False)

@@ -49,6 +49,29 @@ def test_aliased_cuda_amp_autocast_in_trainer_method(acl201, at):
     assert "with self.accelerator.autocast():" in acl201.fixed(source, unsafe=True)
 
 
+def test_context_bound_to_a_name_nanogpt_style(acl201, at):
+    source = """
+    from contextlib import nullcontext
+
+    import torch
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(mixed_precision="bf16")
+    model, opt = accelerator.prepare(model, opt)
+    ctx = nullcontext() if device == "cpu" else torch.amp.autocast("cuda", dtype=torch.bfloat16)
+    for x in dl:
+        with ctx:
+            loss = model(x).pow(2).mean()
+        accelerator.backward(loss)
+        opt.step()
+    """
+    (diagnostic,) = acl201.diagnostics(source)
+    assert (diagnostic.start.line, diagnostic.start.column) == at(source, "ctx:")
+    assert diagnostic.fix is None  # the call is bound elsewhere: nothing to rewrite in place
+    plain = source.replace('nullcontext() if device == "cpu" else ', "nullcontext()  # ")
+    assert acl201.findings(plain) == []
+
+
 def test_nested_user_regions(acl201, at):
     source = """
     import torch
