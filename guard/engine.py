@@ -381,6 +381,13 @@ class Engine:
         total = distributed.all_reduce_sum(tensor.clone())
         return total / self.num_processes if reduction == "mean" else total
 
+    def skip_first_batches(
+        self, loader: PreparedDataLoader, num_batches: int
+    ) -> PreparedDataLoader:
+        """The same prepared loader, whose next pass starts after `num_batches` (for resuming)."""
+        loader.skip_batches = num_batches
+        return loader
+
     def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         is_ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
         return model.module if is_ddp else model

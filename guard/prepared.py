@@ -252,6 +252,7 @@ class PreparedDataLoader:
         self.end_of_dataloader = False
         self.remainder = 0  # real samples in the last global batch; 0 when it is full
         self.loader = self._shard(loader) if distributed.world_size() > 1 else loader
+        self.skip_batches = 0  # batches the next pass drops first (resuming mid-epoch)
 
     def _shard(self, loader: DataLoader) -> DataLoader:
         if isinstance(loader.sampler, torch.utils.data.DistributedSampler):
@@ -303,6 +304,9 @@ class PreparedDataLoader:
         window.loaders.append(self)
         try:
             iterator = iter(self.loader)
+            skip, self.skip_batches = self.skip_batches, 0
+            for _ in range(skip):
+                next(iterator, None)
             try:
                 current = next(iterator)
             except StopIteration:

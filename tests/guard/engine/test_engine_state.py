@@ -53,7 +53,7 @@ def _roundtrip(state):
     return torch.load(buffer, weights_only=False)
 
 
-def _resumed(device, x, y, restore_engine: bool):
+def _resumed(device, x, y, restore_engine: bool, skip_in_loader: bool = False):
     engine, model, opt, loader, sched = _setup(device, x, y)
     _train(engine, model, opt, loader, sched, stop=STOP)
     saved = _roundtrip(
@@ -64,23 +64,28 @@ def _resumed(device, x, y, restore_engine: bool):
             "engine": engine.state_dict(),
         }
     )
-    engine, model, opt, _, sched = _setup(device, x, y)
+    engine, model, opt, loader, sched = _setup(device, x, y)
     model.load_state_dict(saved["model"])
     opt.load_state_dict(saved["opt"])
     sched.load_state_dict(saved["sched"])
     if restore_engine:
         engine.load_state_dict(saved["engine"])
-    rest = engine.prepare(make_loader(x[STOP * B :], y[STOP * B :], B))
+    if skip_in_loader:
+        rest = engine.skip_first_batches(loader, STOP)
+    else:
+        rest = engine.prepare(make_loader(x[STOP * B :], y[STOP * B :], B))
     _train(engine, model, opt, rest, sched)
     return flat_params(model), engine
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_resume_mid_window_equals_uninterrupted_run(device):
+@pytest.mark.parametrize("skip_in_loader", [False, True], ids=["remaining-data", "skip-batches"])
+def test_resume_mid_window_equals_uninterrupted_run(device, skip_in_loader):
+    """Resume on a loader over the remaining samples, or on the full one with skipped batches."""
     x, y = make_data(12 * B)
     engine, model, opt, loader, sched = _setup(device, x, y)
     _train(engine, model, opt, loader, sched)
-    resumed, resumed_engine = _resumed(device, x, y, restore_engine=True)
+    resumed, resumed_engine = _resumed(device, x, y, True, skip_in_loader)
     assert torch.equal(resumed, flat_params(model))
     assert resumed_engine.scaler.get_scale() == engine.scaler.get_scale()
     assert resumed_engine.optimizer_steps == engine.optimizer_steps == 3
