@@ -234,8 +234,7 @@ class Model:
         qual = self.imports.qualify(c.call.func) or ""
         kind = None
         if method == "backward" and not self.imports.is_imported(c.call.func):
-            engine = self.engine_for(receiver, scope)
-            kind = "engine_backward" if engine is not None and c.call.args else "backward"
+            kind = "engine_backward" if self._engine_backward(c, scope) else "backward"
         elif qual == "torch.autograd.backward":
             kind = "backward"
         elif method == "step":
@@ -257,6 +256,20 @@ class Model:
         if kind is None:
             return None
         return Site(kind, c.call, c.stmt, receiver)
+
+    def _engine_backward(self, c, scope: Scope) -> bool:
+        """`engine.backward(loss)`: a known engine, or any receiver handed a loss.
+
+        `Tensor.backward` takes a gradient positionally (`out.backward(torch.ones_like(out))`);
+        a positional loss (`fabric.backward(loss)`, a DeepSpeed `model.backward(loss)`) means
+        an engine's backward, whose scaling and division the linter cannot see.
+        """
+        args = positional(c.call)
+        if not c.call.args:
+            return False
+        if self.engine_for(c.receiver, scope) is not None:
+            return True
+        return bool(args) and "loss" in code(args[0]).lower()
 
     def _step_kind(self, receiver: str | None, scope: Scope) -> str | None:
         if self.scaler_role(receiver, scope):

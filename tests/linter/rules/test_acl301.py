@@ -336,6 +336,20 @@ def test_apex_scaled_loss_follows_the_loss_it_scales(acl301, at):
     assert acl301.findings(divided) == []
 
 
+def test_backward_of_an_unknown_engine_handed_the_loss(acl301):
+    source = """
+    import deepspeed_utils
+
+    model = deepspeed_utils.wrap(net, config)
+    for i, batch in enumerate(dl):
+        loss = model(batch).loss
+        model.backward(loss)
+        if (i + 1) % N == 0:
+            model.step()
+    """
+    assert acl301.findings(source) == []
+
+
 def test_gate_modulus_of_one_is_not_accumulation(acl301):
     assert acl301.findings(_loop("crit(model(x), y).backward()", gate="i % 1 == 0")) == []
 
