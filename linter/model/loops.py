@@ -138,15 +138,22 @@ def _counters(scope: Scope, loop: cst.CSTNode) -> set[str]:
     around = [loop, *_enclosing_loops(scope, loop)]
     found = set()
     for name, defs in scope.defs.items():
+        defs = [d for d in defs if any(_inside(d.stmt, node) for node in around)]
+        if _is_reset_counter(defs):
+            found.add(name)
         for d in defs:
-            if not any(_inside(d.stmt, node) for node in around):
-                continue
-            if d.op == "+=" and int_value(d.value) == 1:
-                found.add(name)
-            elif d.op == "=" and d.tuple_index is None and dotted(d.value) is not None:
+            if d.op == "=" and d.tuple_index is None and dotted(d.value) is not None:
                 if _inside(d.stmt, loop):
                     found.add(f"{dotted(d.value)} - {name}")
     return found
+
+
+def _is_reset_counter(defs) -> bool:
+    """`n += 1` plus a reset (`n = 0`, `n -= K`): a window counter, not a global step count
+    (`if global_step >= warmup:` gates on progress, not on a window)."""
+    counts = any(d.op == "+=" and int_value(d.value) == 1 for d in defs)
+    resets = any((d.op == "=" and int_value(d.value) is not None) or d.op == "-=" for d in defs)
+    return counts and resets
 
 
 def _enclosing_loops(scope: Scope, loop: cst.CSTNode) -> list[cst.CSTNode]:

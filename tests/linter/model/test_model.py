@@ -100,6 +100,19 @@ def test_counter_gate_with_reset():
     assert (loop.gate.kind, code(loop.gate.k)) == ("counter", "K")
 
 
+def test_counter_never_reset_is_progress_not_a_window():
+    source = """
+    global_step = 0
+    for epoch in range(epochs):
+        for x, y in dl:
+            crit(model(x), y).backward()
+            if global_step >= warmup_steps:
+                opt.step()
+        global_step += 1
+    """
+    assert build(source).loops[0].gate is None
+
+
 def test_last_step_marker_gate():
     source = """
     last = -1

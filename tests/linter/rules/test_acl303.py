@@ -155,6 +155,37 @@ def test_clip_in_the_accumulating_branch_only(acl303, at):
     assert diagnostic.fix is None  # `norm` is read after the branch
 
 
+def test_legacy_apex_loop_clips_every_micro_step(acl303, at):
+    source = """
+    import torch
+    from apex import amp
+
+    for step, batch in enumerate(loader):
+        loss = model(**batch)[0]
+        if args.accum > 1:
+            loss = loss / args.accum
+        if args.fp16:
+            with amp.scale_loss(loss, optimizer) as scaled_loss:
+                scaled_loss.backward()
+            torch.nn.utils.clip_grad_norm_(amp.master_params(optimizer), 1.0)
+        else:
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if (step + 1) % args.accum == 0:
+            optimizer.step()
+            model.zero_grad()
+    """
+    assert acl303.findings(source) == [
+        ("ACL303", *at(source, "torch.nn.utils.clip_grad_norm_(amp")),
+        ("ACL303", *at(source, "torch.nn.utils.clip_grad_norm_(model")),
+    ]
+    expected = (
+        "        if (step + 1) % args.accum == 0:\n"
+        "            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+    )
+    assert expected in acl303.fixed(source)
+
+
 # --- must not flag ---------------------------------------------------------------------------
 
 
