@@ -60,19 +60,25 @@ def check(ctx) -> None:
     model = ctx.model
     has_engine = model.setup.constructs_engine()
     for loop in model.loops:
-        scaler = _stepping_scaler(model, loop)
         for site in loop.of_kind("backward"):
             if _already_scaled(model, site) or _other_branch_owns_backward(model, loop, site):
                 continue
+            scaler = _stepping_scaler(model, loop, site)
             if scaler is not None:
                 _report_scaler(ctx, site, scaler)
             elif has_engine and _flows_from_prepared(model, site):
                 _report_engine(ctx, site)
 
 
-def _stepping_scaler(model, loop) -> str | None:
-    """The enabled GradScaler whose step/unscale_ this loop calls."""
+def _stepping_scaler(model, loop, backward) -> str | None:
+    """The enabled GradScaler this loop steps (or unscales) in an iteration that runs the
+    backward; a scaler stepped only in another branch (`if scaler is None: loss.backward()`)
+    owns a different path."""
+    from linter.model.loops import same_path
+
     for site in loop.of_kind("scaler_step", "unscale"):
+        if not same_path(site.stmt, backward.stmt):
+            continue
         if model.scaler_role(site.receiver, site.stmt.scope) == "enabled":
             return site.receiver
     return None

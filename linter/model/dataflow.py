@@ -38,6 +38,9 @@ _PASS_METHODS = {
     "reshape",
     "cuda",
     "cpu",
+    "values",  # `sum(loss_dict.values())`: the dict a model returned
+    "get",
+    "pop",
 }
 _LOSS_FN_NAME = re.compile(r"^(crit(erion)?\w*|loss_(fn|fct|func|function)|lossfn|\w*_criterion)$")
 # Names that may hold K or 1/K: an opaque call or factor given one of them may divide.

@@ -185,6 +185,8 @@ def test_micro_step_loop_owns_no_step_so_the_outer_loop_is_the_training_loop():
         (["loss = sum(crit(model(x), y) for x in xs)"], "unknown"),
         (["loss = torch.stack([crit(model(x), y)]).mean()"], "unknown"),
         (["loss = torch.div(crit(model(x), y), K)"], "divided"),
+        (["loss_dict = model(x)", "loss = sum(loss_dict.values())"], "undivided"),
+        (["loss_dict = model(x)", "loss = sum(loss_dict.values()) / K"], "divided"),
         (["loss = crit(model(x), y)", "loss = loss + aux / K"], "divided"),
     ],
 )

@@ -380,6 +380,29 @@ def test_fp32_branch_beside_a_scaled_branch(acl101):
     assert acl101.findings(source) == []
 
 
+def test_fp32_branch_beside_a_scaler_helper(acl101):
+    # the amp branch backpropagates inside the helper: no scaled backward is visible there
+    source = """
+    from timm.utils import NativeScaler
+
+    loss_scaler = NativeScaler()
+    for x, y in dl:
+        loss = crit(model(x), y)
+        if args.amp:
+            loss_scaler(loss, optimizer)
+            loss_scaler.step(optimizer)
+        else:
+            loss.backward()
+            optimizer.step()
+    """
+    assert acl101.findings(source) == []
+    unguarded = source.replace(
+        "        else:\n            loss.backward()\n            optimizer.step()",
+        "        loss.backward()",
+    )
+    assert len(acl101.findings(unguarded)) == 1
+
+
 def test_named_division_by_the_engine_k_goes_with_the_fix(acl101):
     source = """
     from accelerate import Accelerator
