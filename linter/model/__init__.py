@@ -388,7 +388,7 @@ class Model:
     def on_update_step(self, loop: TrainingLoop, stmt: Stmt) -> bool:
         """Whether the statement runs only when the optimizer steps."""
         frames = loop.frames_of(stmt)
-        if any(update_gate(f, loop.counters) is not None for f in frames):
+        if any(update_gate(f, loop.counters, loop.flags) is not None for f in frames):
             return True
         gate = loop.gate
         if gate is not None and gate.kind == "micro-loop":

@@ -63,6 +63,7 @@ class TrainingLoop:
     micro_loop: cst.CSTNode | None = None
     gate: Gate | None = None
     counters: set[str] = field(default_factory=set)
+    flags: dict[str, cst.BaseExpression] = field(default_factory=dict)
 
     def of_kind(self, *kinds: str) -> list[Site]:
         return [s for s in self.sites if s.kind in kinds]
@@ -100,6 +101,7 @@ def find_training_loops(
             loop = loops[id(owner)] = TrainingLoop(owner, scope)
             loop.sites = [s for s in sites if _inside(s.stmt, owner)]
             loop.counters = _counters(scope, owner)
+            loop.flags = _flags(scope)
         if not chain:
             continue
         index = chain.index(owner)
@@ -156,6 +158,17 @@ def _is_reset_counter(defs) -> bool:
     return counts and resets
 
 
+def _flags(scope: Scope) -> dict[str, cst.BaseExpression]:
+    """Names bound once to a condition (`is_accumulating = it % K != 0`), so that
+    `if not is_accumulating:` reads as the condition itself."""
+    found = {}
+    for name, defs in scope.defs.items():
+        if len(defs) == 1 and defs[0].op == "=" and defs[0].tuple_index is None:
+            if isinstance(defs[0].value, (cst.Comparison, cst.UnaryOperation, cst.BooleanOperation)):
+                found[name] = defs[0].value
+    return found
+
+
 def _enclosing_loops(scope: Scope, loop: cst.CSTNode) -> list[cst.CSTNode]:
     for stmt in scope.stmts:
         chain = stmt.loops()
@@ -167,7 +180,7 @@ def _enclosing_loops(scope: Scope, loop: cst.CSTNode) -> list[cst.CSTNode]:
 def step_gate(loop: TrainingLoop, step: Site) -> Gate | None:
     """The condition that lets this optimizer/scaler step run only on update steps."""
     for frame in reversed(loop.frames_of(step.stmt)):
-        gate = update_gate(frame, loop.counters)
+        gate = update_gate(frame, loop.counters, loop.flags)
         if gate is not None:
             return gate
     return None
@@ -197,24 +210,30 @@ def _step_gate(loop: TrainingLoop) -> Gate | None:
     return None
 
 
-def update_gate(frame: Frame, counters: set[str]) -> Gate | None:
+def update_gate(frame: Frame, counters: set[str], flags=None) -> Gate | None:
     """The gate when `frame` lets only update steps through, else None."""
     if frame.kind not in ("if", "exit"):
         return None
-    found = _classify(frame.test, frame.holds, counters)
+    found = _classify(frame.test, frame.holds, counters, flags or {})
     if found is None:
         return None
     kind, k = found
     return Gate(kind, k, frame.node, frame.test, frame.holds)
 
 
-def _classify(test, holds: bool, counters: set[str]):
+def _classify(test, holds: bool, counters: set[str], flags: dict):
     """(kind, K) when `test` having truth value `holds` means "this is an update step"."""
+    name = dotted(test)
+    if name in flags:
+        rest = {k: v for k, v in flags.items() if k != name}
+        return _classify(flags[name], holds, counters, rest)
     if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-        return _classify(test.expression, not holds, counters)
+        return _classify(test.expression, not holds, counters, flags)
     if isinstance(test, cst.BooleanOperation):
         # Compound gates (`(i + 1) % K == 0 or i + 1 == len(dl)`) gate on either side.
-        return _classify(test.left, holds, counters) or _classify(test.right, holds, counters)
+        return _classify(test.left, holds, counters, flags) or _classify(
+            test.right, holds, counters, flags
+        )
     if isinstance(test, cst.Attribute) and test.attr.value == "sync_gradients":
         return ("sync", None) if holds else None
     if isinstance(test, cst.BinaryOperation) and isinstance(test.operator, cst.Modulo):

@@ -86,6 +86,17 @@ def test_step_gate_spellings(condition, expected):
     assert _gate(condition) == expected
 
 
+@pytest.mark.parametrize(
+    "before, condition",
+    [
+        ("is_update = (i + 1) % K == 0", "is_update"),
+        ("is_accumulating = (i + 1) % K != 0", "not is_accumulating"),
+    ],
+)
+def test_step_gate_through_a_named_condition(before, condition):
+    assert _gate(condition, before) == ("modulo", "K")
+
+
 def test_counter_gate_with_reset():
     source = """
     micro = 0

@@ -186,6 +186,31 @@ def test_legacy_apex_loop_clips_every_micro_step(acl303, at):
     assert expected in acl303.fixed(source)
 
 
+def test_step_gate_through_a_named_flag(acl303, at):
+    # litgpt style: the window test is bound to a name, the step runs under `not` of it
+    source = """
+    import torch
+
+    for it, batch in enumerate(loader):
+        is_accumulating = (it + 1) % accum_iters != 0
+        with fabric.no_backward_sync(model, enabled=is_accumulating):
+            fabric.backward(chunked_loss(model(batch)) / accum_iters)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        if not is_accumulating:
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+    assert acl303.findings(source) == [("ACL303", *at(source, "torch.nn.utils"))]
+    assert "    if not is_accumulating:\n        torch.nn.utils" in acl303.fixed(source)
+    guarded = source.replace(
+        "        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n"
+        "        if not is_accumulating:\n",
+        "        if not is_accumulating:\n"
+        "            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n",
+    )
+    assert acl303.findings(guarded) == []
+
+
 # --- must not flag ---------------------------------------------------------------------------
 
 
