@@ -164,7 +164,9 @@ def _flags(scope: Scope) -> dict[str, cst.BaseExpression]:
     found = {}
     for name, defs in scope.defs.items():
         if len(defs) == 1 and defs[0].op == "=" and defs[0].tuple_index is None:
-            if isinstance(defs[0].value, (cst.Comparison, cst.UnaryOperation, cst.BooleanOperation)):
+            if isinstance(
+                defs[0].value, (cst.Comparison, cst.UnaryOperation, cst.BooleanOperation)
+            ):
                 found[name] = defs[0].value
     return found
 
