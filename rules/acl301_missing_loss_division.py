@@ -14,7 +14,8 @@ RULE = Rule(
 ## What it does
 Flags `X.backward()` or `scaler.scale(X).backward()` in a loop whose `opt.step()` is gated by
 `% K` (or by a counter compared with K, K > 1) when neither X nor the gradients are divided by K
-before the step.
+before the step. Only the visible dataflow counts: a loss returned by an imported helper is
+reported too (without a fix), unless the helper is handed K or the namespace holding it.
 
 ## Why is this bad?
 Each micro-batch loss is already a mean, so backpropagating it undivided leaves the sum of N
