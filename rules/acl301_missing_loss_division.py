@@ -145,12 +145,26 @@ def _report(ctx, gate, site, flow) -> None:
 
 
 def _division_edit(ctx, site, loss, k: str):
+    """`loss = loss / K` above the backward, or `(loss / K)` in place when the name is read
+    after the backward (a logged loss keeps its meaning)."""
     import libcst as cst
 
-    if isinstance(loss, cst.Name) and site.stmt.index == 0:
+    if isinstance(loss, cst.Name) and site.stmt.index == 0 and not _read_after(site, loss.value):
         edit = ctx.insert_line_before(site.stmt.line, f"{loss.value} = {loss.value} / {k}")
         if edit is not None:
             return edit
     divided = f"{_operand(loss)} / {k}"
     receiver = site.call.func.value if isinstance(site.call.func, cst.Attribute) else None
     return ctx.replace(loss, f"({divided})" if loss is receiver else divided)
+
+
+def _read_after(site, name: str) -> bool:
+    import libcst as cst
+
+    from linter.model.cst_util import walk
+
+    for stmt in site.stmt.scope.stmts:
+        if stmt.order > site.stmt.order:
+            if any(isinstance(n, cst.Name) and n.value == name for n in walk(stmt.node)):
+                return True
+    return False

@@ -22,6 +22,13 @@ def test_plain_loop_is_flagged_and_fixed(acl301, at):
     )
 
 
+def test_loss_logged_after_the_backward_keeps_its_value(acl301):
+    source = PLAIN.replace("    if (i + 1)", "    log(loss.item())\n    if (i + 1)")
+    fixed = acl301.fixed(source)
+    assert "    (loss / N).backward()\n    log(loss.item())\n" in fixed
+    assert "loss = loss / N" not in fixed
+
+
 def test_raw_amp_scaled_backward(acl301, at):
     source = """
     import torch
