@@ -203,12 +203,27 @@ def _step_gate(loop: TrainingLoop) -> Gate | None:
         any(f.node is loop.micro_loop for f in z.stmt.frames) for z in loop.of_kind("zero_grad")
     )
     if loop.micro_loop is not None and not zeroed:
-        k = None
         node = loop.micro_loop
-        if isinstance(node, cst.For) and isinstance(node.iter, cst.Call):
-            if dotted(node.iter.func) == "range" and len(positional(node.iter)) == 1:
-                k = positional(node.iter)[0]
+        k = _micro_count(node.iter) if isinstance(node, cst.For) else None
         return Gate("micro-loop", k, node)
+    return None
+
+
+def _micro_count(iterable: cst.BaseExpression) -> cst.BaseExpression | None:
+    """K of `range(K)`, `batch.chunk(K)` or `torch.chunk(batch, K)` (also under `enumerate` or
+    as the first of a `zip`)."""
+    if not isinstance(iterable, cst.Call):
+        return None
+    args = positional(iterable)
+    name = dotted(iterable.func) or ""
+    if name in ("enumerate", "zip") and args:
+        return _micro_count(args[0])
+    if name == "range" and len(args) == 1:
+        return args[0]
+    if name.rsplit(".", 1)[-1] == "chunk" and args:
+        return args[0] if name != "torch.chunk" else (args[1] if len(args) > 1 else None)
+    if isinstance(iterable.func, cst.Attribute) and iterable.func.attr.value == "chunk" and args:
+        return args[0]
     return None
 
 

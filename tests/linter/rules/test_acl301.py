@@ -97,6 +97,29 @@ def test_micro_step_loop_of_nanogpt_style(acl301, at):
     assert acl301.findings(source) == [("ACL301", *at(source, "scaler.scale(loss).backward()"))]
 
 
+def test_micro_batches_from_chunk(acl301, at):
+    source = """
+    model = Net()
+    for x, y in dl:
+        for xs, ys in zip(x.chunk(4), y.chunk(4)):
+            crit(model(xs), ys).backward()
+        opt.step()
+        opt.zero_grad()
+
+    for batch in dl:
+        for micro in batch.chunk(n_micro):
+            model(micro).loss.backward()
+        opt.step()
+    """
+    assert acl301.findings(source) == [
+        ("ACL301", *at(source, "crit(model(xs)")),
+        ("ACL301", *at(source, "model(micro)")),
+    ]
+    fixed = acl301.fixed(source)
+    assert "(crit(model(xs), ys) / 4).backward()" in fixed
+    assert "(model(micro).loss / n_micro).backward()" in fixed
+
+
 def test_trainer_method_with_expression_loss(acl301, at):
     source = """
     class Trainer:
