@@ -14,8 +14,10 @@ RULE = Rule(
 ## What it does
 Flags `X.backward()` or `scaler.scale(X).backward()` in a loop whose `opt.step()` is gated by
 `% K` (or by a counter compared with K, K > 1) when neither X nor the gradients are divided by K
-before the step. Only the visible dataflow counts: a loss returned by an imported helper is
-reported too (without a fix), unless the helper is handed K or the namespace holding it.
+before the step; also `fabric.backward(X)`, since Lightning Fabric scales for precision but
+leaves the division to the loop. Only the visible dataflow counts: a loss returned by an
+imported helper is reported too (without a fix), unless the helper is handed K or the
+namespace holding it.
 
 ## Why is this bad?
 Each micro-batch loss is already a mean, so backpropagating it undivided leaves the sum of N
@@ -61,9 +63,10 @@ def check(ctx) -> None:
     """Report undivided losses in manual accumulation loops (step gated every K micro-steps)."""
     model = ctx.model
     for loop in model.loops:
-        if loop.of_kind("engine_backward", "grad_div"):
+        dividing = [s for s in loop.of_kind("engine_backward") if model.divides_by_k(s)]
+        if dividing or loop.of_kind("grad_div"):
             continue
-        for site in loop.of_kind("backward"):
+        for site in loop.of_kind("backward", "engine_backward"):
             gate = model.gate_for(loop, site.stmt)
             if not _manual_accumulation(gate) or model.regions_around(site.stmt, "accumulate"):
                 continue

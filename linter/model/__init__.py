@@ -29,7 +29,7 @@ from linter.model.setup import ENGINE_CLASSES, Engine, SetupCollector
 
 __all__ = ["Model", "Site", "TrainingLoop", "Gate", "Region", "Flow", "Stmt", "Scope"]
 
-_ENGINE_NAME = re.compile(r"^(accelerator|accel|engine|model_engine|\w+_engine)$")
+_ENGINE_NAME = re.compile(r"^(accelerator|accel|engine|model_engine|\w+_engine|fabric)$")
 _OPTIMIZER_NAME = re.compile(r"(^|_)(opt|optim|optimizer|optimiser)(s|_\w+|\d+)?$|optimizer")
 _SCHEDULER_NAME = re.compile(r"sched")
 _CLIP_FUNCTIONS = {"clip_grad_norm_", "clip_grad_value_", "clip_grad_norm"}
@@ -104,7 +104,8 @@ class Model:
                 if dotted(arg) in self.setup.engines:
                     return self.setup.engines[dotted(arg)]
         if _ENGINE_NAME.match(last_part(text)):
-            return Engine(text, "accelerate" if "accel" in text else "unknown", None)
+            kind = "accelerate" if "accel" in text else "fabric" if "fabric" in text else "unknown"
+            return Engine(text, kind, None)
         return None
 
     def scaler_role(self, text: str | None, scope: Scope | None = None) -> str | None:
@@ -270,6 +271,12 @@ class Model:
         if self.engine_for(c.receiver, scope) is not None:
             return True
         return bool(args) and "loss" in code(args[0]).lower()
+
+    def divides_by_k(self, site: Site) -> bool:
+        """Whether an engine backward divides by the accumulation steps itself (Fabric's does
+        not: it scales for precision only, the loop divides)."""
+        engine = self.engine_for(site.receiver, site.stmt.scope)
+        return engine is None or engine.kind != "fabric"
 
     def _step_kind(self, receiver: str | None, scope: Scope) -> str | None:
         if self.scaler_role(receiver, scope):

@@ -26,14 +26,16 @@ from linter.model.cst_util import (
 from linter.model.functions import Def, Scope
 from linter.model.names import Imports
 
-ENGINE_CLASSES = {"Accelerator": "accelerate", "Engine": "guard"}
+ENGINE_CLASSES = {"Accelerator": "accelerate", "Engine": "guard", "Fabric": "fabric"}
+# Packages whose engine class the qualified name must come from (a bare name is trusted).
+_ENGINE_PACKAGES = ("accelerate", "guard", "lightning", "lightning_fabric", "pytorch_lightning")
 _PRECISIONS = {"fp16", "bf16", "no", "fp8"}
 
 
 @dataclass(eq=False)
 class Engine:
     name: str
-    kind: str  # "accelerate" | "guard" | "deepspeed" | "unknown"
+    kind: str  # "accelerate" | "guard" | "deepspeed" | "fabric" | "unknown"
     node: cst.CSTNode | None  # None for one recognised only by its name
     mixed_precision: str | None = None  # literal value, None when not statically known
     accum: cst.BaseExpression | None = None  # the gradient_accumulation_steps expression
@@ -77,7 +79,7 @@ def _callee_kind(qual: str) -> str | None:
     last = last_part(qual)
     if last in ("GradScaler", "ShardedGradScaler"):
         return "scaler"
-    if last in ENGINE_CLASSES and (qual == last or qual.split(".")[0] in ("accelerate", "guard")):
+    if last in ENGINE_CLASSES and (qual == last or qual.split(".")[0] in _ENGINE_PACKAGES):
         return ENGINE_CLASSES[last]
     if last in ("DistributedDataParallel", "DDP", "FullyShardedDataParallel", "FSDP"):
         return "ddp"
@@ -134,7 +136,7 @@ class SetupCollector:
             kind = _callee_kind(qual)
             if d.tuple_index is not None and kind != "optimizer":
                 continue
-            if kind in ("accelerate", "guard"):
+            if kind in ("accelerate", "guard", "fabric"):
                 self.setup.engines[d.target] = self._engine(d.target, kind, call)
             elif kind == "scaler":
                 enabled = keyword(call, "enabled")

@@ -366,6 +366,27 @@ def test_apex_scaled_loss_follows_the_loss_it_scales(acl301, at):
     assert acl301.findings(divided) == []
 
 
+def test_fabric_backward_does_not_divide(acl301, at):
+    source = """
+    import lightning as L
+
+    fabric = L.Fabric(precision="bf16-mixed")
+    model, optimizer = fabric.setup(model, optimizer)
+    for it, batch in enumerate(loader):
+        is_accumulating = (it + 1) % accum != 0
+        with fabric.no_backward_sync(model, enabled=is_accumulating):
+            loss = model(batch).loss
+            fabric.backward(loss)
+        if not is_accumulating:
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+    assert acl301.findings(source) == [("ACL301", *at(source, "fabric.backward"))]
+    assert "        loss = loss / accum\n        fabric.backward(loss)\n" in acl301.fixed(source)
+    divided = source.replace("fabric.backward(loss)", "fabric.backward(loss / accum)")
+    assert acl301.findings(divided) == []
+
+
 def test_backward_of_an_unknown_engine_handed_the_loss(acl301):
     source = """
     import deepspeed_utils
