@@ -32,7 +32,7 @@ __all__ = ["Model", "Site", "TrainingLoop", "Gate", "Region", "Flow", "Stmt", "S
 _ENGINE_NAME = re.compile(r"^(accelerator|accel|engine|model_engine|\w+_engine|fabric)$")
 _OPTIMIZER_NAME = re.compile(r"(^|_)(opt|optim|optimizer|optimiser)(s|_\w+|\d+)?$|optimizer")
 _SCHEDULER_NAME = re.compile(r"sched")
-_CLIP_FUNCTIONS = {"clip_grad_norm_", "clip_grad_value_", "clip_grad_norm"}
+_CLIP_FUNCTIONS = {"clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "clip_gradients"}
 _AUTOCAST = {
     "torch.autocast",
     "torch.amp.autocast",

@@ -209,6 +209,11 @@ def test_step_gate_through_a_named_flag(acl303, at):
         "            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n",
     )
     assert acl303.findings(guarded) == []
+    fabric_clip = source.replace(
+        "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)",
+        "fabric.clip_gradients(model, optimizer, max_norm=max_norm)",
+    )
+    assert acl303.findings(fabric_clip) == [("ACL303", *at(fabric_clip, "fabric.clip_gradients"))]
 
 
 # --- must not flag ---------------------------------------------------------------------------
