@@ -14,7 +14,8 @@ RULE = Rule(
     docs="""\
 ## What it does
 Flags a clip or unscale call (`accelerator.clip_grad_norm_` / `clip_grad_value_`,
-`torch.nn.utils.clip_grad_*`, `scaler.unscale_`, `accelerator.unscale_gradients`) inside
+`torch.nn.utils.clip_grad_*`, `fabric.clip_gradients`, `scaler.unscale_`,
+`accelerator.unscale_gradients`) inside
 `with accelerator.accumulate(...)` that is not guarded by `if accelerator.sync_gradients` (or the
 engine's equivalent), or in a manual accumulation loop outside the condition that gates
 `opt.step()`.
