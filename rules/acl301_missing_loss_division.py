@@ -63,10 +63,9 @@ def check(ctx) -> None:
     """Report undivided losses in manual accumulation loops (step gated every K micro-steps)."""
     model = ctx.model
     for loop in model.loops:
-        dividing = [s for s in loop.of_kind("engine_backward") if model.divides_by_k(s)]
-        if dividing or loop.of_kind("grad_div"):
-            continue
         for site in loop.of_kind("backward", "engine_backward"):
+            if _divided_elsewhere_on_its_path(model, loop, site):
+                continue
             gate = model.gate_for(loop, site.stmt)
             if not _manual_accumulation(gate) or model.regions_around(site.stmt, "accumulate"):
                 continue
@@ -75,6 +74,20 @@ def check(ctx) -> None:
             flow = model.flow(site)
             if flow is not None and flow.state == "undivided" and not _handed_k(flow, gate):
                 _report(ctx, gate, site, flow)
+
+
+def _divided_elsewhere_on_its_path(model, loop, site) -> bool:
+    """An engine backward that divides by K, or a division of the gradients, in an iteration
+    that runs this backward. Another branch (`if fp16: optimizer.backward(loss) else:
+    loss.backward()`) does not cover this one."""
+    from linter.model.loops import same_path
+
+    for other in loop.of_kind("engine_backward", "grad_div"):
+        if other.kind == "engine_backward" and not model.divides_by_k(other):
+            continue
+        if same_path(other.stmt, site.stmt):
+            return True
+    return False
 
 
 def _handed_k(flow, gate) -> bool:

@@ -387,6 +387,30 @@ def test_fabric_backward_does_not_divide(acl301, at):
     assert acl301.findings(divided) == []
 
 
+def test_fp32_branch_beside_an_optimizer_owned_backward(acl301, at):
+    # pytorch-pretrained-BERT style: apex FP16_Optimizer.backward in one branch only
+    source = """
+    model = BertForSequenceClassification.from_pretrained(args.model)
+    for step, batch in enumerate(loader):
+        loss = model(*batch)
+        if args.fp16:
+            optimizer.backward(loss)
+        else:
+            loss.backward()
+        if (step + 1) % args.gradient_accumulation_steps == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+    assert acl301.findings(source) == [("ACL301", *at(source, "loss.backward()"))]
+    divided = source.replace(
+        "        loss = model(*batch)\n",
+        "        loss = model(*batch)\n"
+        "        if args.gradient_accumulation_steps > 1:\n"
+        "            loss = loss / args.gradient_accumulation_steps\n",
+    )
+    assert acl301.findings(divided) == []
+
+
 def test_backward_of_an_unknown_engine_handed_the_loss(acl301):
     source = """
     import deepspeed_utils
