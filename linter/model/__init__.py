@@ -265,11 +265,11 @@ class Model:
         a positional loss (`fabric.backward(loss)`, a DeepSpeed `model.backward(loss)`) means
         an engine's backward, whose scaling and division the linter cannot see.
         """
-        args = positional(c.call)
         if not c.call.args:
             return False
         if self.engine_for(c.receiver, scope) is not None:
             return True
+        args = positional(c.call)
         return bool(args) and "loss" in code(args[0]).lower()
 
     def divides_by_k(self, site: Site) -> bool:
@@ -315,9 +315,8 @@ class Model:
                 if kind is not None:
                     pair = method_call(call)
                     receiver = dotted(pair[0]) if pair else None
-                    region = Region(kind, with_node, item, call, receiver, frames)
-                    region.via_name = call is not item.item
-                    regions.append(region)
+                    via_name = call is not item.item
+                    regions.append(Region(kind, with_node, item, call, receiver, frames, via_name))
         return regions
 
     def _context(self, item: cst.WithItem, scope: Scope) -> cst.Call | None:
