@@ -88,7 +88,7 @@ class Tracer:
         self.model = model
         self.scope = scope
         self.flow = Flow(UNKNOWN)
-        self._seen: set[int] = set()
+        self._seen: dict[int, str] = {}  # id(Def) -> its state (UNKNOWN while in progress)
 
     def trace(self, expr: cst.BaseExpression, order: int) -> Flow:
         self.flow.state = self._expr(expr, self.scope, order, 0, None)
@@ -110,6 +110,11 @@ class Tracer:
             return self._expr(node.value, scope, order, depth, None)
         if isinstance(node, cst.Subscript):
             return self._expr(node.value, scope, order, depth, None)
+        if isinstance(node, cst.IfExp):  # `out["loss"] if isinstance(out, dict) else out[0]`
+            return _combine(
+                self._expr(node.body, scope, order, depth, index),
+                self._expr(node.orelse, scope, order, depth, index),
+            )
         if isinstance(node, cst.Tuple) and index is not None and index < len(node.elements):
             return self._expr(node.elements[index].value, scope, order, depth, None)
         return UNKNOWN
@@ -126,9 +131,15 @@ class Tracer:
         return UNKNOWN
 
     def _def(self, d: Def, scope: Scope, depth: int) -> str:
+        """The state of one assignment, computed once (a value read twice, as in both arms of
+        `a if c else b`, gets the same answer; a cycle reads as unknown)."""
         if id(d) in self._seen:
-            return UNKNOWN
-        self._seen.add(id(d))
+            return self._seen[id(d)]
+        self._seen[id(d)] = UNKNOWN
+        self._seen[id(d)] = state = self._def_state(d, scope, depth)
+        return state
+
+    def _def_state(self, d: Def, scope: Scope, depth: int) -> str:
         if scope is self.scope:
             self.flow.steps.append((code(d.stmt.node), d.stmt))
         order = d.stmt.order

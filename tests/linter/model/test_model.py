@@ -197,6 +197,11 @@ def test_micro_step_loop_owns_no_step_so_the_outer_loop_is_the_training_loop():
         (["loss = torch.stack([crit(model(x), y)]).mean()"], "unknown"),
         (["loss = torch.div(crit(model(x), y), K)"], "divided"),
         (["loss_dict = model(x)", "loss = sum(loss_dict.values())"], "undivided"),
+        (
+            ["out = model(x)", "loss = out['loss'] if isinstance(out, dict) else out[0]"],
+            "undivided",
+        ),
+        (["loss = crit(model(x), y)", "loss = loss / K if K > 1 else loss"], "divided"),
         (["loss_dict = model(x)", "loss = sum(loss_dict.values()) / K"], "divided"),
         (["loss = crit(model(x), y)", "loss = loss + aux / K"], "divided"),
     ],
