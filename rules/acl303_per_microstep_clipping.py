@@ -64,7 +64,7 @@ def check(ctx) -> None:
     for loop in model.loops:
         found = []
         for site in loop.of_kind("clip", "unscale"):
-            if model.on_update_step(loop, site.stmt):
+            if model.on_update_step(loop, site.stmt, site.call):
                 continue
             regions = model.regions_around(site.stmt, "accumulate")
             if regions and _accumulates_once(model, regions[-1].receiver):

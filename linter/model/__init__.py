@@ -19,6 +19,7 @@ from linter.model.loops import (
     Site,
     TrainingLoop,
     find_training_loops,
+    inline_gate,
     same_path,
     step_gate,
     update_gate,
@@ -391,10 +392,15 @@ class Model:
             return None
         return gates[0] if gates else gate
 
-    def on_update_step(self, loop: TrainingLoop, stmt: Stmt) -> bool:
-        """Whether the statement runs only when the optimizer steps."""
+    def on_update_step(
+        self, loop: TrainingLoop, stmt: Stmt, node: cst.CSTNode | None = None
+    ) -> bool:
+        """Whether the statement (or the expression `node` in it) runs only when the optimizer
+        steps."""
         frames = loop.frames_of(stmt)
         if any(update_gate(f, loop.counters, loop.flags) is not None for f in frames):
+            return True
+        if node is not None and inline_gate(stmt, node, loop.counters, loop.flags) is not None:
             return True
         gate = loop.gate
         if gate is not None and gate.kind == "micro-loop":

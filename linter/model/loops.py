@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from linter.model.cst_util import code, dotted, int_value, positional
+from linter.model.cst_util import code, dotted, int_value, positional, walk
 from linter.model.functions import Frame, Scope, Stmt
 
 STEP_KINDS = ("opt_step", "scaler_step")
@@ -159,16 +159,20 @@ def _is_reset_counter(defs) -> bool:
 
 
 def _flags(scope: Scope) -> dict[str, cst.BaseExpression]:
-    """Names bound once to a condition (`is_accumulating = it % K != 0`), so that
-    `if not is_accumulating:` reads as the condition itself."""
+    """Names bound once to a condition (`is_accumulating = it % K != 0`, `sync =
+    accelerator.sync_gradients`), so that `if not is_accumulating:` reads as the condition."""
     found = {}
     for name, defs in scope.defs.items():
         if len(defs) == 1 and defs[0].op == "=" and defs[0].tuple_index is None:
-            if isinstance(
-                defs[0].value, (cst.Comparison, cst.UnaryOperation, cst.BooleanOperation)
-            ):
+            if _is_condition(defs[0].value):
                 found[name] = defs[0].value
     return found
+
+
+def _is_condition(value: cst.BaseExpression | None) -> bool:
+    if isinstance(value, (cst.Comparison, cst.UnaryOperation, cst.BooleanOperation)):
+        return True
+    return isinstance(value, cst.Attribute) and value.attr.value == "sync_gradients"
 
 
 def _enclosing_loops(scope: Scope, loop: cst.CSTNode) -> list[cst.CSTNode]:
@@ -225,6 +229,28 @@ def _micro_count(iterable: cst.BaseExpression) -> cst.BaseExpression | None:
     if isinstance(iterable.func, cst.Attribute) and iterable.func.attr.value == "chunk" and args:
         return args[0]
     return None
+
+
+def inline_gate(stmt: Stmt, node: cst.CSTNode, counters: set[str], flags=None) -> Gate | None:
+    """The gate of a conditional expression around `node` inside its statement: the clip in
+    `clip(...) if accelerator.sync_gradients else None` or `accelerator.sync_gradients and
+    clip(...)` runs only on update steps."""
+    for test, holds, guarded in _conditional_parts(stmt.node):
+        if any(sub is node for sub in walk(guarded)):
+            found = _classify(test, holds, counters, flags or {})
+            if found is not None:
+                return Gate(found[0], found[1], stmt.node, test, holds)
+    return None
+
+
+def _conditional_parts(root: cst.CSTNode):
+    """(test, truth value, guarded expression) of every conditional expression in `root`."""
+    for sub in walk(root):
+        if isinstance(sub, cst.IfExp):
+            yield sub.test, True, sub.body
+            yield sub.test, False, sub.orelse
+        elif isinstance(sub, cst.BooleanOperation):
+            yield sub.left, isinstance(sub.operator, cst.And), sub.right
 
 
 def update_gate(frame: Frame, counters: set[str], flags=None) -> Gate | None:

@@ -275,3 +275,51 @@ def test_loop_without_accumulation(acl303):
 def test_engine_configured_with_one_accumulation_step(acl303):
     source = ACCELERATE.replace("gradient_accumulation_steps=4", "gradient_accumulation_steps=1")
     assert acl303.findings(source) == []
+
+
+def test_clip_gated_inside_a_conditional_expression(acl303):
+    for gated in (
+        "norm = accelerator.clip_grad_norm_(model.parameters(), 1.0) "
+        "if accelerator.sync_gradients else None",
+        "accelerator.sync_gradients and accelerator.clip_grad_norm_(model.parameters(), 1.0)",
+        "not accelerator.sync_gradients or accelerator.clip_grad_norm_(model.parameters(), 1.0)",
+    ):
+        source = ACCELERATE.replace(
+            "accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)", gated
+        )
+        assert acl303.findings(source) == [], gated
+    manual = """
+    for i, (x, y) in enumerate(dl):
+        (crit(model(x), y) / K).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0) if (i + 1) % K == 0 else None
+        if (i + 1) % K == 0:
+            opt.step()
+            opt.zero_grad()
+    """
+    assert acl303.findings(manual) == []
+
+
+def test_clip_in_the_micro_step_arm_of_a_conditional_expression(acl303, at):
+    for wrong in (
+        "accelerator.clip_grad_norm_(model.parameters(), 1.0) "
+        "if not accelerator.sync_gradients else None",
+        "None if accelerator.sync_gradients "
+        "else accelerator.clip_grad_norm_(model.parameters(), 1.0)",
+        "accelerator.sync_gradients or accelerator.clip_grad_norm_(model.parameters(), 1.0)",
+    ):
+        source = ACCELERATE.replace(
+            "accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)", wrong
+        )
+        assert acl303.findings(source) == [("ACL303", *at(source, "accelerator.clip_grad"))]
+
+
+def test_clip_under_a_name_bound_to_sync_gradients(acl303, at):
+    source = ACCELERATE.replace(
+        "        accelerator.clip_grad_norm_",
+        "        sync = accelerator.sync_gradients\n"
+        "        if sync:\n"
+        "            accelerator.clip_grad_norm_",
+    )
+    assert acl303.findings(source) == []
+    inverted = source.replace("if sync:", "if not sync:")
+    assert acl303.findings(inverted) == [("ACL303", *at(inverted, "accelerator.clip_grad"))]
