@@ -121,9 +121,7 @@ def _flows_from_prepared(model, site) -> bool:
     if flow is None or not flow.models:
         return True
     scope = site.stmt.scope
-    return any(
-        model.derives_from_prepared(name, scope) or name in scope.params for name in flow.models
-    )
+    return any(model.derives_from_prepared(name, scope) for name in flow.models)
 
 
 def _loss_and_rest(ctx, site):

@@ -12,7 +12,14 @@ import libcst as cst
 
 from linter.model.cst_util import code, dotted, last_part, method_call, positional
 from linter.model.dataflow import Flow, trace_loss
-from linter.model.functions import Def, Scope, ScopeCollector, Stmt, bound_arguments
+from linter.model.functions import (
+    Def,
+    Scope,
+    ScopeCollector,
+    Stmt,
+    bound_argument_sites,
+    bound_arguments,
+)
 from linter.model.loops import (
     Gate,
     Region,
@@ -130,31 +137,93 @@ class Model:
             return "enabled"
         return None
 
-    def is_prepared(self, text: str | None, scope: Scope) -> bool:
-        """Whether a name in `scope` holds an object that went through `prepare(...)`."""
-        prepared = self.setup.prepared.get(text or "")
-        if prepared is None:
+    def is_prepared(self, text: str | None, scope: Scope, order: int | None = None) -> bool:
+        """Whether a name in `scope` (before statement `order`, when given) holds an object that
+        went through `prepare(...)`."""
+        if text not in self.setup.prepared:
             return False
-        if text in scope.defs and prepared.scope is not scope:
-            return any(d.value is prepared.node for d in scope.defs[text])
-        if text in scope.params and prepared.scope is not scope:
-            bound = bound_arguments(scope, text, self.calls)
-            return not bound or any(dotted(b) in self.setup.prepared for b in bound)
-        return True
+        return self._holds_prepared(text, scope, order, False, 0)
 
     def derives_from_prepared(self, text: str | None, scope: Scope) -> bool:
         """Prepared, or built from a prepared object: `diffusion = MedSegDiff(model).to(dev)`
         runs the prepared `model` inside its own forward."""
-        if self.is_prepared(text, scope):
+        return bool(text) and self._holds_prepared(text, scope, None, True, 0)
+
+    def _holds_prepared(
+        self, text: str, scope: Scope, order: int | None, wrappers: bool, depth: int
+    ) -> bool:
+        """Resolve a name as Python does: the assignments of its own function (those before
+        `order`), else the arguments its callers pass for a parameter, else the enclosing
+        function or the module. A name seen nowhere counts as prepared when some `prepare`
+        assigns it."""
+        if depth > _MAX_RESOLVE_DEPTH:
+            return text in self.setup.prepared
+        defs = self._visible_defs(text, scope, order)
+        if defs:
+            return any(self._def_holds_prepared(d, wrappers, depth) for d in defs)
+        if "." in text:
+            return False
+        if text in scope.params:
+            return self._param_holds_prepared(text, scope, wrappers, depth)
+        if scope.parent is not None:
+            return self._holds_prepared(text, scope.parent, None, wrappers, depth)
+        return text in self.setup.prepared
+
+    def _visible_defs(self, text: str, scope: Scope, order: int | None) -> list[Def]:
+        """The assignments that may bind `text` at this point of `scope`: the last one before
+        `order`, or all of them (a loop may carry any of them around)."""
+        if "." in text:
+            local = scope.defs.get(text)
+            return local if local else self.module_defs(text)
+        defs = list(scope.defs.get(text, ()))
+        if scope.parent is None:
+            defs += [d for s in self.scopes if text in s.globals for d in s.defs.get(text, ())]
+        if order is not None:
+            before = [d for d in defs if d.stmt.order < order]
+            if before:
+                return before[-1:]
+            if text in scope.params:
+                return []
+        return defs
+
+    def _def_holds_prepared(self, d: Def, wrappers: bool, depth: int) -> bool:
+        if d in self.setup.prepared_defs:
             return True
-        for d in scope.defs.get(text or "") or self.module_defs(text or ""):
-            call = _constructed_by(d.value)
-            if call is None:
-                continue
-            for arg in call.args:
-                if self.is_prepared(dotted(arg.value), d.stmt.scope):
-                    return True
-        return False
+        if not wrappers or d.op != "=":
+            return False
+        return self._value_holds_prepared(d.value, d.stmt.scope, d.stmt.order, depth + 1)
+
+    def _value_holds_prepared(self, value, scope: Scope, order: int, depth: int) -> bool:
+        """`model.to(dev)` of a prepared model, or `Wrapper(model, ...)` built from one."""
+        text = dotted(value)
+        if text is not None:
+            return self._holds_prepared(text, scope, order, True, depth)
+        if not isinstance(value, cst.Call) or depth > _MAX_RESOLVE_DEPTH:
+            return False
+        pair = method_call(value)
+        if pair is not None and pair[1] in ("prepare", "prepare_model"):
+            return True
+        if pair is not None and pair[1] in _MOVES:
+            return self._value_holds_prepared(pair[0], scope, order, depth + 1)
+        return any(self._value_holds_prepared(a.value, scope, order, depth + 1) for a in value.args)
+
+    def _param_holds_prepared(self, param: str, scope: Scope, wrappers: bool, depth: int) -> bool:
+        """What this module's callers pass for the parameter; unknown (called from elsewhere,
+        or an expression that is neither a name nor a call) counts as prepared."""
+        sites = bound_argument_sites(scope, param, self.calls)
+        if not sites:
+            return True
+        return any(self._argument_holds_prepared(e, s.stmt, wrappers, depth + 1) for e, s in sites)
+
+    def _argument_holds_prepared(self, expr, stmt: Stmt, wrappers: bool, depth: int) -> bool:
+        text = dotted(expr)
+        if text is not None:
+            return self._holds_prepared(text, stmt.scope, stmt.order, wrappers, depth)
+        if not isinstance(expr, cst.Call):
+            return True
+        if wrappers:
+            return self._value_holds_prepared(expr, stmt.scope, stmt.order, depth)
+        return _is_prepare_call(expr)
 
     def scale_loss_source(self, name: str, scope: Scope) -> cst.BaseExpression | None:
         """`X` for a name bound by apex's `with amp.scale_loss(X, opt) as name:`."""
@@ -459,13 +528,9 @@ def _branches(frames) -> set[tuple[int, bool]]:
 
 
 _MOVES = {"to", "cuda", "cpu", "half", "float", "train", "eval", "requires_grad_"}
+_MAX_RESOLVE_DEPTH = 6
 
 
-def _constructed_by(value: cst.BaseExpression | None) -> cst.Call | None:
-    """The constructor call of `Wrapper(model, ...)`, also behind `.to(device)`-style moves."""
-    while isinstance(value, cst.Call):
-        pair = method_call(value)
-        if pair is None or pair[1] not in _MOVES or not isinstance(pair[0], cst.Call):
-            return value
-        value = pair[0]
-    return None
+def _is_prepare_call(value: cst.Call) -> bool:
+    pair = method_call(value)
+    return pair is not None and pair[1] in ("prepare", "prepare_model")

@@ -86,6 +86,8 @@ class Scope:
     withs: list[tuple[cst.With, tuple[Frame, ...]]] = field(default_factory=list)
     returns: list[tuple[cst.BaseExpression, Stmt]] = field(default_factory=list)
     header_reads: set[str] = field(default_factory=set)
+    parent: Scope | None = None  # the scope the `def` statement is in (None for the module)
+    globals: set[str] = field(default_factory=set)  # names declared `global` here
 
     def reads_elsewhere(self, name: str, stmt: Stmt) -> bool:
         """Whether `name` occurs in this scope outside the statement `stmt`."""
@@ -192,7 +194,7 @@ class ScopeCollector:
                 self._suite_of_class(item, scope)
 
     def _function(self, node: cst.FunctionDef, parent: Scope, class_name: str | None = None):
-        scope = Scope(node=node, name=node.name.value, class_name=class_name)
+        scope = Scope(node=node, name=node.name.value, class_name=class_name, parent=parent)
         params = node.params
         for param in (*params.posonly_params, *params.params, *params.kwonly_params):
             scope.params[param.name.value] = param
@@ -224,6 +226,8 @@ class ScopeCollector:
             self._add_def(dotted(node.target), node.value, _AUG_OPS.get(op, op), stmt, scope)
         elif isinstance(node, cst.Return) and node.value is not None:
             scope.returns.append((node.value, stmt))
+        elif isinstance(node, cst.Global):
+            scope.globals.update(item.name.value for item in node.names)
         for sub in walk(node):
             if type(sub) is cst.Call:
                 pair = method_call(sub)
@@ -270,6 +274,14 @@ _AUG_OPS = {
 
 def bound_arguments(scope: Scope, param: str, calls: list[CallSite]) -> list[cst.BaseExpression]:
     """The expressions passed for `param` at this module's call sites of `scope`'s function."""
+    return [expr for expr, _ in bound_argument_sites(scope, param, calls)]
+
+
+def bound_argument_sites(
+    scope: Scope, param: str, calls: list[CallSite]
+) -> list[tuple[cst.BaseExpression, CallSite]]:
+    """(expression passed for `param`, the call) at this module's call sites of `scope`'s
+    function."""
     if not isinstance(scope.node, cst.FunctionDef) or param not in scope.params:
         return []
     names = list(scope.params)
@@ -284,7 +296,7 @@ def bound_arguments(scope: Scope, param: str, calls: list[CallSite]) -> list[cst
         positional_args = [a.value for a in site.call.args if a.keyword is None and not a.star]
         by_keyword = [a.value for a in site.call.args if a.keyword and a.keyword.value == param]
         if by_keyword:
-            found.append(by_keyword[0])
+            found.append((by_keyword[0], site))
         elif 0 <= position < len(positional_args):
-            found.append(positional_args[position])
+            found.append((positional_args[position], site))
     return found

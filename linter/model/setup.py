@@ -65,6 +65,7 @@ class Setup:
     schedulers: dict[str, cst.CSTNode] = field(default_factory=dict)
     ddp_models: dict[str, cst.CSTNode] = field(default_factory=dict)
     prepared: dict[str, Prepared] = field(default_factory=dict)
+    prepared_defs: set[Def] = field(default_factory=set)  # every assignment of a prepare(...)
 
     def constructs_engine(self) -> bool:
         return any(e.kind in ("accelerate", "guard") for e in self.engines.values())
@@ -186,6 +187,7 @@ class SetupCollector:
             self.setup.prepared[d.target] = Prepared(
                 d.target, original, engine, d.value, d.stmt.scope
             )
+            self.setup.prepared_defs.add(d)
             for table in (self.setup.optimizers, self.setup.schedulers, self.setup.ddp_models):
                 if original in table:
                     table.setdefault(d.target, table[original])

@@ -424,3 +424,114 @@ def test_named_division_by_the_engine_k_goes_with_the_fix(acl101):
     assert "        loss = model(**batch).loss\n        accelerator.backward(loss)\n" in fixed
     assert "loss /=" not in fixed
     assert fixed.count("accelerator.backward(loss)") == 2
+
+
+# --- "prepared" is judged where the model comes from --------------------------------------
+
+TWO_FUNCTIONS = """
+import copy
+from accelerate import Accelerator
+
+def train_plain(net, dl):
+    net = net.to("cpu")
+    for x, y in dl:
+        crit(net(x), y).backward()
+        opt.step()
+
+def train_accelerate(model, dl):
+    accelerator = Accelerator(gradient_accumulation_steps=4)
+    model, dl = accelerator.prepare(model, dl)
+    for x, y in dl:
+        with accelerator.accumulate(model):
+            accelerator.backward(crit(model(x), y))
+            opt.step()
+
+def compare(make):
+    init = make()
+    train_plain(copy.deepcopy(init), dl)
+    train_accelerate(copy.deepcopy(init), dl)
+"""
+
+
+def test_function_whose_callers_pass_an_unprepared_model(acl101, at):
+    assert acl101.findings(TWO_FUNCTIONS) == []
+    passed_prepared = TWO_FUNCTIONS.replace(
+        "    train_plain(copy.deepcopy(init), dl)\n",
+        "    accelerator = Accelerator()\n"
+        "    train_plain(accelerator.prepare(copy.deepcopy(init)), dl)\n",
+    )
+    assert acl101.findings(passed_prepared) == [("ACL101", *at(passed_prepared, "crit(net"))]
+    uncalled = TWO_FUNCTIONS.replace("    train_plain(copy.deepcopy(init), dl)\n", "")
+    assert acl101.findings(uncalled) == [("ACL101", *at(uncalled, "crit(net"))]
+
+
+def test_reference_copy_taken_before_prepare(acl101, at):
+    source = """
+    import copy
+    from accelerate import Accelerator
+
+    def side_by_side(make, dl):
+        accelerator = Accelerator(mixed_precision="fp16")
+        model = make()
+        ref = copy.deepcopy(model).to(accelerator.device)
+        model, opt, dl = accelerator.prepare(model, opt, dl)
+        for x, y in dl:
+            accelerator.backward(crit(model(x), y))
+            crit(ref(x), y).backward()
+            opt.step()
+            ref_opt.step()
+    """
+    assert acl101.findings(source) == []
+    copied_after = source.replace(
+        "        ref = copy.deepcopy(model).to(accelerator.device)\n", ""
+    ).replace(
+        "        for x, y in dl:\n",
+        "        ref = copy.deepcopy(model).to(accelerator.device)\n        for x, y in dl:\n",
+    )
+    assert acl101.findings(copied_after) == [("ACL101", *at(copied_after, "crit(ref"))]
+
+
+def test_closure_reads_the_model_of_its_own_function(acl101, at):
+    source = """
+    from accelerate import Accelerator
+
+    def plain():
+        model = Net()
+        def run():
+            for x, y in dl:
+                crit(model(x), y).backward()
+                opt.step()
+        return run
+
+    def with_engine():
+        accelerator = Accelerator()
+        model = accelerator.prepare(Net())
+        def run():
+            for x, y in dl:
+                accelerator.backward(crit(model(x), y))
+                opt.step()
+        return run
+    """
+    assert acl101.findings(source) == []
+    raw = source.replace("accelerator.backward(crit(model(x), y))", "crit(model(x), y).backward()")
+    assert acl101.findings(raw) == [("ACL101", *at(raw, "crit(model(x), y).backward", 1))]
+
+
+def test_global_model_prepared_in_another_function(acl101, at):
+    source = """
+    from accelerate import Accelerator
+
+    model = Net()
+
+    def setup():
+        global model
+        accelerator = Accelerator()
+        model = accelerator.prepare(model)
+
+    def train():
+        for x, y in dl:
+            crit(model(x), y).backward()
+            opt.step()
+    """
+    assert acl101.findings(source) == [("ACL101", *at(source, "crit(model"))]
+    assert acl101.findings(source.replace("        global model\n", "")) == []
