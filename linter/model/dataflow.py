@@ -117,7 +117,18 @@ class Tracer:
             )
         if isinstance(node, cst.Tuple) and index is not None and index < len(node.elements):
             return self._expr(node.elements[index].value, scope, order, depth, None)
+        if isinstance(node, (cst.Dict, cst.List, cst.Tuple)) and index is None:
+            return self._collection(node, scope, order, depth)
         return UNKNOWN
+
+    def _collection(self, node, scope: Scope, order: int, depth: int) -> str:
+        """`{"dice": dice, "bce": bce}` or `[l1, l2]` later summed: as divided as its losses."""
+        states = []
+        for element in node.elements:
+            if isinstance(element, (cst.StarredElement, cst.StarredDictElement)):
+                return UNKNOWN
+            states.append(self._expr(element.value, scope, order, depth, None))
+        return _combine(*states) if states else UNKNOWN
 
     def _name(self, node, text: str, scope: Scope, order: int, depth: int, index) -> str:
         defs = scope.defs_before(text, order)

@@ -194,7 +194,8 @@ def test_micro_step_loop_owns_no_step_so_the_outer_loop_is_the_training_loop():
         (["loss = crit(model(x), y) * loss_weight"], "undivided"),
         (["loss = crit(model(x), y) * loss_scale"], "unknown"),
         (["loss = sum(crit(model(x), y) for x in xs)"], "unknown"),
-        (["loss = torch.stack([crit(model(x), y)]).mean()"], "unknown"),
+        (["loss = torch.stack([crit(model(x), y)]).mean()"], "undivided"),
+        (["loss = torch.stack([crit(model(x), y) for x in xs]).mean()"], "unknown"),
         (["loss = torch.div(crit(model(x), y), K)"], "divided"),
         (["loss_dict = model(x)", "loss = sum(loss_dict.values())"], "undivided"),
         (
@@ -204,6 +205,18 @@ def test_micro_step_loop_owns_no_step_so_the_outer_loop_is_the_training_loop():
         (["loss = crit(model(x), y)", "loss = loss / K if K > 1 else loss"], "divided"),
         (["loss_dict = model(x)", "loss = sum(loss_dict.values()) / K"], "divided"),
         (["loss = crit(model(x), y)", "loss = loss + aux / K"], "divided"),
+        (
+            [
+                "parts = {'a': crit(model(x), y), 'b': crit(model(x), z)}",
+                "loss = sum(parts.values())",
+            ],
+            "undivided",
+        ),
+        (
+            ["parts = [crit(model(x), y) / K, crit(model(x), z) / K]", "loss = sum(parts)"],
+            "divided",
+        ),
+        (["parts = {**extra, 'a': crit(model(x), y)}", "loss = sum(parts.values())"], "unknown"),
     ],
 )
 def test_loss_dataflow(lines, state):

@@ -496,3 +496,25 @@ def test_model_normalising_by_window_item_count(acl301):
     assert acl301.findings(_loop(body)) == []
     plain = body.replace(", num_items_in_batch=n_items", "")
     assert len(acl301.findings(_loop(plain))) == 1
+
+
+def test_dict_of_losses_summed(acl301, at):
+    source = """
+    for i, (x, y) in enumerate(dl):
+        out = model(x)
+        parts = {"ce": crit(out, y), "aux": aux_crit(out, y)}
+        loss = sum(parts.values())
+        loss.backward()
+        if (i + 1) % N == 0:
+            opt.step(); opt.zero_grad()
+    """
+    assert acl301.findings(source) == [("ACL301", *at(source, "loss.backward()"))]
+    divided = source.replace(
+        '"aux": aux_crit(out, y)}',
+        '"aux": aux_crit(out, y)}\n        parts = {k: v / N for k, v in parts.items()}',
+    )
+    assert acl301.findings(divided) == []
+    each_divided = source.replace("crit(out, y),", "crit(out, y) / N,").replace(
+        "aux_crit(out, y)}", "aux_crit(out, y) / N}"
+    )
+    assert acl301.findings(each_divided) == []
