@@ -14,10 +14,12 @@ RULE = Rule(
 ## What it does
 Flags `X.backward()` or `scaler.scale(X).backward()` in a loop whose `opt.step()` is gated by
 `% K` (or by a counter compared with K, K > 1) when neither X nor the gradients are divided by K
-before the step; also `fabric.backward(X)`, since Lightning Fabric scales for precision but
-leaves the division to the loop. Only the visible dataflow counts: a loss returned by an
-imported helper is reported too (without a fix), unless the helper is handed K or the
-namespace holding it.
+before the step; also `fabric.backward(X)` and a LightningModule's `self.manual_backward(X)`,
+since Lightning scales for precision but leaves the division to the loop. Only the visible
+dataflow counts: a loss returned by an imported helper is reported too (without a fix), unless
+the helper is handed K or the namespace holding it. A per-batch function (`train_step`) whose
+caller gates the optimizer step is checked against that gate; its fix is offered only when K
+can be read inside the function (`self.accum`).
 
 ## Why is this bad?
 Each micro-batch loss is already a mean, so backpropagating it undivided leaves the sum of N
@@ -139,7 +141,12 @@ def _report(ctx, gate, site, flow) -> None:
     where = ctx.line_of(gate.node)
     notes = [f"accumulation value K = {k} (step gate at line {where})"]
     fix = None
-    if flow.opaque:
+    if not _k_in_scope(gate, site.stmt.scope):
+        notes.append(
+            f"the step gate is in `{gate.caller.name}`, which calls this function every "
+            f"micro-step: `{k}` is not visible here, so no fix is offered"
+        )
+    elif flow.opaque:
         callee = code(flow.opaque[0].func)
         notes.append(
             f"the loss comes from `{callee}`, which the linter cannot see into: no fix is "
@@ -158,6 +165,18 @@ def _report(ctx, gate, site, flow) -> None:
         fix,
         notes=tuple(notes),
     )
+
+
+def _k_in_scope(gate, scope) -> bool:
+    """Whether K, spelled as in the step gate, can be read where the backward is: always for a
+    gate of the same function, and for `self.<attr>` from another method of the same class."""
+    from linter.model.cst_util import dotted
+
+    if gate.caller is None:
+        return True
+    text = dotted(gate.k) or ""
+    same_class = scope.class_name is not None and gate.caller.class_name == scope.class_name
+    return same_class and text.startswith("self.")
 
 
 def _division_edit(ctx, site, loss, k: str):

@@ -21,10 +21,12 @@ from linter.model.functions import (
     bound_arguments,
 )
 from linter.model.loops import (
+    STEP_KINDS,
     Gate,
     Region,
     Site,
     TrainingLoop,
+    caller_gate,
     find_training_loops,
     inline_gate,
     same_path,
@@ -40,6 +42,7 @@ __all__ = ["Model", "Site", "TrainingLoop", "Gate", "Region", "Flow", "Stmt", "S
 _ENGINE_NAME = re.compile(r"^(accelerator|accel|engine|model_engine|\w+_engine|fabric)$")
 _OPTIMIZER_NAME = re.compile(r"(^|_)(opt|optim|optimizer|optimiser)(s|_\w+|\d+)?$|optimizer")
 _SCHEDULER_NAME = re.compile(r"sched")
+_LIGHTNING_PACKAGES = {"lightning", "pytorch_lightning"}
 _CLIP_FUNCTIONS = {"clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "clip_gradients"}
 _AUTOCAST = {
     "torch.autocast",
@@ -81,17 +84,43 @@ class Model:
         for loop in self.loops:
             if loop.gate is None:
                 loop.gate = self._accumulate_gate(loop)
+            if loop.gate is None and not loop.steps and isinstance(loop.node, cst.FunctionDef):
+                loop.gate = self._caller_gate(loop.scope)
+
+    def _caller_gate(self, scope: Scope) -> Gate | None:
+        """The step gate of the loop that calls this per-batch function, when that loop steps
+        the optimizer itself or through another of the module's functions."""
+        steps = [s.stmt for sites in self.sites.values() for s in sites if s.kind in STEP_KINDS]
+        for call in self.calls:
+            callee = self.local_function(call.call.func, call.stmt.scope)
+            if callee is not None and any(s.kind in STEP_KINDS for s in self.sites[id(callee)]):
+                steps.append(call.stmt)
+        for call in self.calls:
+            if self.local_function(call.call.func, call.stmt.scope) is scope:
+                gate = caller_gate(call.stmt, steps)
+                if gate is not None:
+                    return gate
+        return None
 
     def _called_in_loop(self, scope: Scope) -> bool:
-        """Whether this module calls the function from inside a loop (a per-batch step)."""
+        """Whether this module calls the function from inside a loop (a per-batch step), or
+        the function is a Lightning module's `training_step`, which the trainer calls per
+        batch."""
         if not isinstance(scope.node, cst.FunctionDef):
             return False
+        if scope.name == "training_step" and scope.class_name and self._imports_lightning():
+            return True
         for call in self.calls:
             if last_part(call.func) == scope.name and call.stmt.loops():
                 callee = self.local_function(call.call.func, call.stmt.scope)
                 if callee is scope:
                     return True
         return False
+
+    def _imports_lightning(self) -> bool:
+        return any(
+            full.split(".", 1)[0] in _LIGHTNING_PACKAGES for full in self.imports.aliases.values()
+        )
 
     # names and roles ---------------------------------------------------------------
     def module_defs(self, text: str) -> list[Def]:
@@ -308,6 +337,8 @@ class Model:
             kind = "engine_backward" if self._engine_backward(c, scope) else "backward"
         elif qual == "torch.autograd.backward":
             kind = "backward"
+        elif method == "manual_backward" and positional(c.call):
+            kind = "engine_backward"  # a LightningModule's backward in manual optimization
         elif method == "step":
             kind = self._step_kind(receiver, scope)
         elif method == "update" and self.scaler_role(receiver, scope):
@@ -345,6 +376,9 @@ class Model:
     def divides_by_k(self, site: Site) -> bool:
         """Whether an engine backward divides by the accumulation steps itself (Fabric's does
         not: it scales for precision only, the loop divides)."""
+        pair = method_call(site.call) if site.call is not None else None
+        if pair is not None and pair[1] == "manual_backward":
+            return False  # Lightning leaves accumulation to manual optimization
         engine = self.engine_for(site.receiver, site.stmt.scope)
         return engine is None or engine.kind != "fabric"
 

@@ -42,6 +42,7 @@ class Gate:
     node: cst.CSTNode  # the If, the early-exit If, or the micro-step loop
     test: cst.BaseExpression | None = None
     holds: bool = True  # False for an early exit: the update step is where `test` fails
+    caller: Scope | None = None  # set when the gate is in a loop that calls this function
 
 
 @dataclass(eq=False)
@@ -181,6 +182,27 @@ def _enclosing_loops(scope: Scope, loop: cst.CSTNode) -> list[cst.CSTNode]:
         if loop in chain:
             return chain[: chain.index(loop)]
     return []
+
+
+def caller_gate(call: Stmt, steps: list[Stmt]) -> Gate | None:
+    """The gate of a loop that calls a step function every iteration (`call`) and steps the
+    optimizer only under a condition (`steps`: `if (i + 1) % K == 0: self.optimizer_step()`)."""
+    loops = call.loops()
+    if not loops:
+        return None
+    node = loops[-1]
+    counters, flags = _counters(call.scope, node), _flags(call.scope)
+    if any(update_gate(f, counters, flags) for f in call.frames_inside(node)):
+        return None  # the function itself runs only on update steps
+    for step in steps:
+        if step.scope is not call.scope or node not in step.loops():
+            continue
+        for frame in reversed(step.frames_inside(node)):
+            gate = update_gate(frame, counters, flags)
+            if gate is not None:
+                gate.caller = call.scope
+                return gate
+    return None
 
 
 def step_gate(loop: TrainingLoop, step: Site) -> Gate | None:

@@ -518,3 +518,70 @@ def test_dict_of_losses_summed(acl301, at):
         "aux_crit(out, y)}", "aux_crit(out, y) / N}"
     )
     assert acl301.findings(each_divided) == []
+
+
+TRAINER_SPLIT = """
+class Trainer:
+    def train_step(self, x, y):
+        loss = crit(self.model(x), y)
+        loss.backward()
+
+    def optimizer_step(self):
+        self.opt.step()
+        self.opt.zero_grad()
+
+    def fit(self, dl):
+        accum = self.cfg.accum
+        for i, (x, y) in enumerate(dl):
+            self.train_step(x, y)
+            if (i + 1) % accum == 0:
+                self.optimizer_step()
+"""
+
+
+def test_step_gated_in_the_calling_method(acl301, at):
+    diagnostics = acl301.diagnostics(TRAINER_SPLIT)
+    assert [(d.code, d.start.line, d.start.column) for d in diagnostics] == [
+        ("ACL301", *at(TRAINER_SPLIT, "loss.backward()"))
+    ]
+    assert diagnostics[0].fix is None  # `accum` is a local of `fit`
+    on_self = TRAINER_SPLIT.replace("% accum", "% self.accum")
+    assert "        loss = loss / self.accum\n        loss.backward()" in acl301.fixed(on_self)
+    inline_step = TRAINER_SPLIT.replace("self.optimizer_step()", "self.opt.step()")
+    assert acl301.findings(inline_step) == [("ACL301", *at(inline_step, "loss.backward()"))]
+
+
+def test_caller_that_steps_every_batch_or_calls_only_on_updates(acl301):
+    every_batch = TRAINER_SPLIT.replace("            if (i + 1) % accum == 0:\n    ", "")
+    assert acl301.findings(every_batch) == []
+    only_on_updates = TRAINER_SPLIT.replace(
+        "            self.train_step(x, y)\n            if (i + 1) % accum == 0:\n",
+        "            if (i + 1) % accum == 0:\n                self.train_step(x, y)\n",
+    )
+    assert acl301.findings(only_on_updates) == []
+    divided = TRAINER_SPLIT.replace("loss.backward()", "(loss / self.cfg.accum).backward()")
+    assert acl301.findings(divided) == []
+
+
+LIGHTNING_MANUAL = """
+import lightning as L
+
+class Module(L.LightningModule):
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        loss = crit(self.net(batch[0]), batch[1])
+        self.manual_backward(loss)
+        if (batch_idx + 1) % self.hparams.accum == 0:
+            opt.step()
+            opt.zero_grad()
+"""
+
+
+def test_lightning_manual_backward_does_not_divide(acl301, at):
+    assert acl301.findings(LIGHTNING_MANUAL) == [
+        ("ACL301", *at(LIGHTNING_MANUAL, "self.manual_backward"))
+    ]
+    fixed = acl301.fixed(LIGHTNING_MANUAL)
+    assert "        loss = loss / self.hparams.accum\n        self.manual_backward(loss)" in fixed
+    without_lightning = LIGHTNING_MANUAL.replace("import lightning as L\n", "")
+    assert acl301.findings(without_lightning) == []  # a method nobody is seen calling

@@ -323,3 +323,55 @@ def test_clip_under_a_name_bound_to_sync_gradients(acl303, at):
     assert acl303.findings(source) == []
     inverted = source.replace("if sync:", "if not sync:")
     assert acl303.findings(inverted) == [("ACL303", *at(inverted, "accelerator.clip_grad"))]
+
+
+def test_clip_in_a_step_function_gated_by_its_caller(acl303, at):
+    source = """
+    class Trainer:
+        def train_step(self, x, y):
+            (crit(self.model(x), y) / self.accum).backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+
+        def optimizer_step(self):
+            self.opt.step()
+            self.opt.zero_grad()
+
+        def fit(self, dl):
+            for i, (x, y) in enumerate(dl):
+                self.train_step(x, y)
+                if (i + 1) % self.accum == 0:
+                    self.optimizer_step()
+    """
+    diagnostics = acl303.diagnostics(source)
+    assert [(d.code, d.start.line, d.start.column) for d in diagnostics] == [
+        ("ACL303", *at(source, "torch.nn.utils"))
+    ]
+    assert diagnostics[0].fix is None  # the caller's `i` is not visible in train_step
+    moved = source.replace(
+        "            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)\n", ""
+    ).replace(
+        "            self.opt.step()\n",
+        "            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)\n"
+        "            self.opt.step()\n",
+    )
+    assert acl303.findings(moved) == []
+
+
+def test_lightning_training_step_clips_every_batch(acl303, at):
+    source = """
+    import lightning as L
+
+    class Module(L.LightningModule):
+        def training_step(self, batch, batch_idx):
+            opt = self.optimizers()
+            self.manual_backward(crit(self.net(batch[0]), batch[1]) / self.hparams.accum)
+            torch.nn.utils.clip_grad_norm_(self.net.parameters(), 1.0)
+            if (batch_idx + 1) % self.hparams.accum == 0:
+                opt.step()
+                opt.zero_grad()
+    """
+    assert acl303.findings(source) == [("ACL303", *at(source, "torch.nn.utils"))]
+    assert (
+        "        if (batch_idx + 1) % self.hparams.accum == 0:\n"
+        "            torch.nn.utils.clip_grad_norm_"
+    ) in acl303.fixed(source)
