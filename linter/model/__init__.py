@@ -13,11 +13,11 @@ import libcst as cst
 from linter.model.cst_util import code, dotted, last_part, method_call, positional
 from linter.model.dataflow import Flow, trace_loss
 from linter.model.functions import (
+    CallSite,
     Def,
     Scope,
     ScopeCollector,
     Stmt,
-    bound_argument_sites,
     bound_arguments,
 )
 from linter.model.loops import (
@@ -68,6 +68,13 @@ class Model:
             for name, defs in scope.defs.items():
                 self._defs.setdefault(name, []).extend(defs)
         self.calls = [c for scope in self.scopes for c in scope.calls]
+        self._partials: dict[str, tuple[Scope, int]] = {}
+        self._partials = self._find_partials()
+        self._callers: dict[int, list[CallSite]] = {}
+        for call in self.calls:
+            callee = self.local_function(call.call.func, call.stmt.scope)
+            if callee is not None:
+                self._callers.setdefault(id(callee), []).append(call)
         self.setup = SetupCollector(self.scopes, self.imports).setup
         self._stepped = {code(positional(c.call)[0]) for c in self.calls if self._scaler_step(c)}
         self.sites: dict[int, list[Site]] = {}
@@ -91,16 +98,52 @@ class Model:
         """The step gate of the loop that calls this per-batch function, when that loop steps
         the optimizer itself or through another of the module's functions."""
         steps = [s.stmt for sites in self.sites.values() for s in sites if s.kind in STEP_KINDS]
-        for call in self.calls:
-            callee = self.local_function(call.call.func, call.stmt.scope)
-            if callee is not None and any(s.kind in STEP_KINDS for s in self.sites[id(callee)]):
-                steps.append(call.stmt)
-        for call in self.calls:
-            if self.local_function(call.call.func, call.stmt.scope) is scope:
-                gate = caller_gate(call.stmt, steps)
-                if gate is not None:
-                    return gate
+        for callee in self.scopes:
+            if any(s.kind in STEP_KINDS for s in self.sites[id(callee)]):
+                steps.extend(call.stmt for call in self._callers.get(id(callee), ()))
+        for call in self._callers.get(id(scope), ()):
+            gate = caller_gate(call.stmt, steps)
+            if gate is not None:
+                return gate
         return None
+
+    def _find_partials(self) -> dict[str, tuple[Scope, int]]:
+        """Names bound once to `functools.partial(f, ...)` of a module function: (f, the number
+        of positional arguments the partial already binds)."""
+        found = {}
+        for name, defs in self._defs.items():
+            if len(defs) != 1 or defs[0].op != "=" or defs[0].tuple_index is not None:
+                continue
+            value = defs[0].value
+            if not isinstance(value, cst.Call) or not positional(value):
+                continue
+            if self.imports.qualify(value.func) != "functools.partial":
+                continue
+            callee = self.local_function(positional(value)[0], defs[0].stmt.scope)
+            if callee is not None:
+                found[name] = (callee, len(positional(value)) - 1)
+        return found
+
+    def argument_sites(self, scope: Scope, param: str) -> list[tuple[cst.BaseExpression, Stmt]]:
+        """(expression passed for `param`, the calling statement) at this module's calls of the
+        function, directly or through a `partial`."""
+        if param not in scope.params:
+            return []
+        names = list(scope.params)
+        if scope.class_name is not None and names and names[0] in ("self", "cls"):
+            names = names[1:]
+        found = []
+        for call in self._callers.get(id(scope), ()):
+            args = call.call.args
+            by_keyword = [a.value for a in args if a.keyword and a.keyword.value == param]
+            partial = self._partials.get(call.func or "")
+            position = names.index(param) - (partial[1] if partial else 0)
+            positional_args = [a.value for a in args if a.keyword is None and not a.star]
+            if by_keyword:
+                found.append((by_keyword[0], call.stmt))
+            elif 0 <= position < len(positional_args):
+                found.append((positional_args[position], call.stmt))
+        return found
 
     def _called_in_loop(self, scope: Scope) -> bool:
         """Whether this module calls the function from inside a loop (a per-batch step), or
@@ -110,12 +153,7 @@ class Model:
             return False
         if scope.name == "training_step" and scope.class_name and self._imports_lightning():
             return True
-        for call in self.calls:
-            if last_part(call.func) == scope.name and call.stmt.loops():
-                callee = self.local_function(call.call.func, call.stmt.scope)
-                if callee is scope:
-                    return True
-        return False
+        return any(call.stmt.loops() for call in self._callers.get(id(scope), ()))
 
     def _imports_lightning(self) -> bool:
         return any(
@@ -239,10 +277,10 @@ class Model:
     def _param_holds_prepared(self, param: str, scope: Scope, wrappers: bool, depth: int) -> bool:
         """What this module's callers pass for the parameter; unknown (called from elsewhere,
         or an expression that is neither a name nor a call) counts as prepared."""
-        sites = bound_argument_sites(scope, param, self.calls)
+        sites = self.argument_sites(scope, param)
         if not sites:
             return True
-        return any(self._argument_holds_prepared(e, s.stmt, wrappers, depth + 1) for e, s in sites)
+        return any(self._argument_holds_prepared(e, s, wrappers, depth + 1) for e, s in sites)
 
     def _argument_holds_prepared(self, expr, stmt: Stmt, wrappers: bool, depth: int) -> bool:
         text = dotted(expr)
@@ -282,6 +320,8 @@ class Model:
         text = dotted(func)
         if text is None:
             return None
+        if text in self._partials:
+            return self._partials[text][0]
         if "." not in text:
             candidates = [s for s in self.function_defs.get(text, ()) if s.class_name is None]
         elif text.startswith("self.") and text.count(".") == 1 and scope.class_name:

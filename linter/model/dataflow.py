@@ -139,7 +139,20 @@ class Tracer:
             return self._expr(scaled, scope, order, depth + 1, None)
         if isinstance(node, cst.Attribute):
             return self._expr(node.value, scope, order, depth, None)
+        if text in scope.params:
+            return self._param(text, scope, depth)
         return UNKNOWN
+
+    def _param(self, name: str, scope: Scope, depth: int) -> str:
+        """A parameter is what this module's callers pass for it (`backward_and_log(loss)`);
+        unknown when no caller is visible. The callers' models are not this scope's names."""
+        sites = self.model.argument_sites(scope, name)
+        if not sites:
+            return UNKNOWN
+        models = set(self.flow.models)
+        states = [self._expr(e, s.scope, s.order, depth + 1, None) for e, s in sites]
+        self.flow.models = models
+        return _combine(*states)
 
     def _def(self, d: Def, scope: Scope, depth: int) -> str:
         """The state of one assignment, computed once (a value read twice, as in both arms of

@@ -274,14 +274,6 @@ _AUG_OPS = {
 
 def bound_arguments(scope: Scope, param: str, calls: list[CallSite]) -> list[cst.BaseExpression]:
     """The expressions passed for `param` at this module's call sites of `scope`'s function."""
-    return [expr for expr, _ in bound_argument_sites(scope, param, calls)]
-
-
-def bound_argument_sites(
-    scope: Scope, param: str, calls: list[CallSite]
-) -> list[tuple[cst.BaseExpression, CallSite]]:
-    """(expression passed for `param`, the call) at this module's call sites of `scope`'s
-    function."""
     if not isinstance(scope.node, cst.FunctionDef) or param not in scope.params:
         return []
     names = list(scope.params)
@@ -296,7 +288,7 @@ def bound_argument_sites(
         positional_args = [a.value for a in site.call.args if a.keyword is None and not a.star]
         by_keyword = [a.value for a in site.call.args if a.keyword and a.keyword.value == param]
         if by_keyword:
-            found.append((by_keyword[0], site))
+            found.append(by_keyword[0])
         elif 0 <= position < len(positional_args):
-            found.append((positional_args[position], site))
+            found.append(positional_args[position])
     return found

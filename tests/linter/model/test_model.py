@@ -242,6 +242,23 @@ def test_loss_from_a_helper_returning_a_tuple():
     assert model.flow(model.loops[0].backwards[0]).state == "divided"
 
 
+def test_loss_parameter_is_what_the_callers_pass():
+    source = """
+    def backward(loss):
+        loss.backward()
+
+    for x, y in dl:
+        backward(crit(model(x), y))
+        backward(aux / K)
+    """
+    model = build(source)
+    assert model.flow(model.loops[0].backwards[0]).state == "divided"
+    one_caller = build(source.replace("        backward(aux / K)\n", ""))
+    assert one_caller.flow(one_caller.loops[0].backwards[0]).state == "undivided"
+    uncalled = build("def train(loss):\n    for x in dl:\n        loss.backward()\n")
+    assert uncalled.flow(uncalled.loops[0].backwards[0]).state == "unknown"
+
+
 def test_describe_loops_reports_k_branch_and_dataflow():
     source = textwrap.dedent(
         """

@@ -585,3 +585,39 @@ def test_lightning_manual_backward_does_not_divide(acl301, at):
     assert "        loss = loss / self.hparams.accum\n        self.manual_backward(loss)" in fixed
     without_lightning = LIGHTNING_MANUAL.replace("import lightning as L\n", "")
     assert acl301.findings(without_lightning) == []  # a method nobody is seen calling
+
+
+BACKWARD_HELPER = """
+from functools import partial
+
+def backward_and_log(loss, meter):
+    meter.update(loss.item())
+    loss.backward()
+
+def run(dl, meter):
+    bwd = partial(backward_and_log, meter=meter)
+    for i, (x, y) in enumerate(dl):
+        bwd(crit(model(x), y))
+        if (i + 1) % K == 0:
+            opt.step()
+            opt.zero_grad()
+"""
+
+
+def test_backward_helper_called_through_partial(acl301, at):
+    assert acl301.findings(BACKWARD_HELPER) == [("ACL301", *at(BACKWARD_HELPER, "loss.backward()"))]
+    divided = BACKWARD_HELPER.replace("bwd(crit(model(x), y))", "bwd(crit(model(x), y) / K)")
+    assert acl301.findings(divided) == []
+    positional = BACKWARD_HELPER.replace("(loss, meter)", "(meter, loss)").replace(
+        "meter=meter", "meter"
+    )
+    assert acl301.findings(positional) == [("ACL301", *at(positional, "loss.backward()"))]
+    direct = BACKWARD_HELPER.replace(
+        "bwd(crit(model(x), y))", "backward_and_log(crit(model(x), y), meter)"
+    )
+    assert acl301.findings(direct) == [("ACL301", *at(direct, "loss.backward()"))]
+
+
+def test_backward_helper_never_called_is_not_judged(acl301):
+    source = BACKWARD_HELPER.replace("        bwd(crit(model(x), y))\n", "        pass\n")
+    assert acl301.findings(source) == []
