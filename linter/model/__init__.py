@@ -217,24 +217,35 @@ class Model:
         return bool(text) and self._holds_prepared(text, scope, None, True, 0)
 
     def _holds_prepared(
-        self, text: str, scope: Scope, order: int | None, wrappers: bool, depth: int
+        self,
+        text: str,
+        scope: Scope,
+        order: int | None,
+        wrappers: bool,
+        depth: int,
+        unknown: bool = True,
     ) -> bool:
         """Resolve a name as Python does: the assignments of its own function (those before
         `order`), else the arguments its callers pass for a parameter, else the enclosing
-        function or the module. A name seen nowhere counts as prepared when some `prepare`
-        assigns it."""
+        function or the module. `unknown` answers for a name whose value cannot be seen (a
+        parameter of a function called from elsewhere)."""
         if depth > _MAX_RESOLVE_DEPTH:
-            return text in self.setup.prepared
+            return unknown and text in self.setup.prepared
         defs = self._visible_defs(text, scope, order)
         if defs:
-            return any(self._def_holds_prepared(d, wrappers, depth) for d in defs)
+            return any(self._def_holds_prepared(d, wrappers, depth, unknown) for d in defs)
         if "." in text:
             return False
         if text in scope.params:
-            return self._param_holds_prepared(text, scope, wrappers, depth)
+            sites = self.argument_sites(scope, text)
+            if not sites:
+                return unknown
+            return any(
+                self._argument_holds_prepared(e, s, wrappers, depth + 1, unknown) for e, s in sites
+            )
         if scope.parent is not None:
-            return self._holds_prepared(text, scope.parent, None, wrappers, depth)
-        return text in self.setup.prepared
+            return self._holds_prepared(text, scope.parent, None, wrappers, depth, unknown)
+        return unknown and text in self.setup.prepared
 
     def _visible_defs(self, text: str, scope: Scope, order: int | None) -> list[Def]:
         """The assignments that may bind `text` at this point of `scope`: the last one before
@@ -253,43 +264,42 @@ class Model:
                 return []
         return defs
 
-    def _def_holds_prepared(self, d: Def, wrappers: bool, depth: int) -> bool:
+    def _def_holds_prepared(self, d: Def, wrappers: bool, depth: int, unknown: bool) -> bool:
         if d in self.setup.prepared_defs:
             return True
         if not wrappers or d.op != "=":
             return False
-        return self._value_holds_prepared(d.value, d.stmt.scope, d.stmt.order, depth + 1)
+        return self._value_holds_prepared(d.value, d.stmt.scope, d.stmt.order, depth + 1, unknown)
 
-    def _value_holds_prepared(self, value, scope: Scope, order: int, depth: int) -> bool:
-        """`model.to(dev)` of a prepared model, or `Wrapper(model, ...)` built from one."""
+    def _value_holds_prepared(
+        self, value, scope: Scope, order: int, depth: int, unknown: bool
+    ) -> bool:
+        """`model.to(dev)` of a prepared model, or `Wrapper(model, ...)` built from one (the
+        arguments of a constructor count only when visibly prepared)."""
         text = dotted(value)
         if text is not None:
-            return self._holds_prepared(text, scope, order, True, depth)
+            return self._holds_prepared(text, scope, order, True, depth, unknown)
         if not isinstance(value, cst.Call) or depth > _MAX_RESOLVE_DEPTH:
             return False
+        if _is_prepare_call(value):
+            return True
         pair = method_call(value)
-        if pair is not None and pair[1] in ("prepare", "prepare_model"):
-            return True
         if pair is not None and pair[1] in _MOVES:
-            return self._value_holds_prepared(pair[0], scope, order, depth + 1)
-        return any(self._value_holds_prepared(a.value, scope, order, depth + 1) for a in value.args)
+            return self._value_holds_prepared(pair[0], scope, order, depth + 1, unknown)
+        return any(
+            self._value_holds_prepared(a.value, scope, order, depth + 1, False) for a in value.args
+        )
 
-    def _param_holds_prepared(self, param: str, scope: Scope, wrappers: bool, depth: int) -> bool:
-        """What this module's callers pass for the parameter; unknown (called from elsewhere,
-        or an expression that is neither a name nor a call) counts as prepared."""
-        sites = self.argument_sites(scope, param)
-        if not sites:
-            return True
-        return any(self._argument_holds_prepared(e, s, wrappers, depth + 1) for e, s in sites)
-
-    def _argument_holds_prepared(self, expr, stmt: Stmt, wrappers: bool, depth: int) -> bool:
+    def _argument_holds_prepared(
+        self, expr, stmt: Stmt, wrappers: bool, depth: int, unknown: bool
+    ) -> bool:
         text = dotted(expr)
         if text is not None:
-            return self._holds_prepared(text, stmt.scope, stmt.order, wrappers, depth)
+            return self._holds_prepared(text, stmt.scope, stmt.order, wrappers, depth, unknown)
         if not isinstance(expr, cst.Call):
-            return True
+            return unknown
         if wrappers:
-            return self._value_holds_prepared(expr, stmt.scope, stmt.order, depth)
+            return self._value_holds_prepared(expr, stmt.scope, stmt.order, depth, unknown)
         return _is_prepare_call(expr)
 
     def scale_loss_source(self, name: str, scope: Scope) -> cst.BaseExpression | None:

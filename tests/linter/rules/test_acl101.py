@@ -535,3 +535,22 @@ def test_global_model_prepared_in_another_function(acl101, at):
     """
     assert acl101.findings(source) == [("ACL101", *at(source, "crit(model"))]
     assert acl101.findings(source.replace("        global model\n", "")) == []
+
+
+def test_model_built_from_a_config_parameter(acl101):
+    # `cfg` comes from callers the linter cannot see; a constructor argument counts only when
+    # it is visibly prepared
+    source = """
+    from accelerate import Accelerator
+
+    def train(cfg, dl):
+        model = build_model(cfg).to(cfg.device)
+        for x, y in dl:
+            crit(model(x), y).backward()
+            opt.step()
+
+    def main(model, dl):
+        accelerator = Accelerator()
+        model, dl = accelerator.prepare(model, dl)
+    """
+    assert acl101.findings(source) == []
