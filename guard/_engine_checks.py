@@ -138,8 +138,8 @@ class NonFinite:
         losses, self._losses = self._losses, []
         if not losses:
             return
-        # .float() is free for fp32 losses; inf/NaN survive the sum of a non-scalar loss
-        losses = [loss.float().sum() if loss.dim() else loss.float() for loss in losses]
+        # a non-scalar loss is summed in fp32 (a fp16 sum could overflow); stack promotes dtypes
+        losses = [loss.float().sum() if loss.dim() else loss for loss in losses]
         if bool(torch.isfinite(torch.stack(losses)).all()):
             return
         if scaled:
@@ -191,6 +191,8 @@ class TokenMeans:
         counts, calls = self._counts, self._calls
         self._counts, self._calls = [], 0
         if not counts or len(counts) != calls or calls * world < 2:
+            return
+        if not _report.enabled("ACL308"):  # once per window, not on every micro-step
             return
         tokens = gather(torch.stack(counts).float()).tolist()  # one host read
         if min(tokens) <= 0:

@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from guard import _engine_checks as checks
-from guard import _report, distributed
+from guard import distributed
 from guard._tracker import TRACKER
 from guard._window import Window
 from guard.prepared import (
@@ -103,6 +103,7 @@ class Engine:
         self.tail = tail
         self.split_batches = split_batches
         self._window = Window(gradient_accumulation_steps)
+        self._plain_accumulate = _Accumulate(self._window, [])  # stateless without DDP: reused
         self.scaler = torch.amp.GradScaler(self.device.type) if mixed_precision == "fp16" else None
         self._models: list[torch.nn.Module] = []
         self._optimizers: list[PreparedOptimizer] = []
@@ -213,11 +214,12 @@ class Engine:
 
     def accumulate(self, *models: torch.nn.Module) -> _Accumulate:
         """One micro-step; on non-sync steps DDP models run forward and backward under no_sync."""
-        self._window.advance()
-        if self._window.sync_gradients:
-            return _Accumulate(self._window, [])
+        window = self._window
+        window.advance()
+        if window.sync_gradients:
+            return self._plain_accumulate
         ddp = [m for m in models if isinstance(m, torch.nn.parallel.DistributedDataParallel)]
-        return _Accumulate(self._window, ddp)
+        return _Accumulate(window, ddp) if ddp else self._plain_accumulate
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
         """DDP's no_sync for a prepared DDP model; nothing for any other model."""
@@ -265,8 +267,9 @@ class Engine:
             checks.backward_outside_accumulate(n)
         checks.backward_under_autocast(self.device.type)
         if num_items is None:
-            checks.manual_division(loss, n, self.num_processes)
-            if (n > 1 or self.num_processes > 1) and _report.enabled("ACL308"):
+            world = distributed.world_size()
+            checks.manual_division(loss, n, world)
+            if n > 1 or world > 1:  # whether ACL308 is enabled is asked once, at the sync step
                 self._token_means.record(loss)
         if not TRACKER.active:  # when installed, the guard's ACL601 check covers every backward
             self._nonfinite.record(loss)

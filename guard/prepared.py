@@ -85,6 +85,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
         # Deliberately no super().__init__: all optimizer state lives in `optimizer`.
         self.optimizer = optimizer
         self._engine = engine
+        self._window = engine._window  # read directly on every micro-step (no property hop)
         self.step_was_skipped = False
 
     @property
@@ -121,14 +122,17 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self.optimizer.load_state_dict(state_dict)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._engine.sync_gradients:
+        if self._window.sync_gradients:
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
-        if not self._engine.sync_gradients:
+        if not self._window.sync_gradients:
             return None
         self._engine._before_optimizer_step()
-        with TRACKER.flag("step_wrapper", self):
+        if TRACKER.active:  # the guard's step checks learn that the engine is stepping
+            with TRACKER.flag("step_wrapper", self):
+                result = self._inner_step(closure)
+        else:
             result = self._inner_step(closure)
         self._engine._after_optimizer_step(self)
         return result
