@@ -18,7 +18,10 @@ Flags a clip or unscale call (`accelerator.clip_grad_norm_` / `clip_grad_value_`
 `accelerator.unscale_gradients`) inside
 `with accelerator.accumulate(...)` that is not guarded by `if accelerator.sync_gradients` (or the
 engine's equivalent), or in a manual accumulation loop outside the condition that gates
-`opt.step()`.
+`opt.step()`. A gate may also be a name bound to the condition (`sync =
+accelerator.sync_gradients`) or a conditional expression (`clip(...) if
+accelerator.sync_gradients else None`). A per-batch function (`train_step`) is judged by the
+step gate of the loop that calls it.
 
 ## Why is this bad?
 On a micro-step that does not step, `.grad` holds a partial sum. In fp16 every clip needs an
