@@ -110,6 +110,8 @@ class Tracer:
             return self._expr(node.value, scope, order, depth, None)
         if isinstance(node, cst.Subscript):
             return self._expr(node.value, scope, order, depth, None)
+        if isinstance(node, cst.UnaryOperation):  # `-F.logsigmoid(margin).mean()`
+            return self._expr(node.expression, scope, order, depth, index)
         if isinstance(node, cst.IfExp):  # `out["loss"] if isinstance(out, dict) else out[0]`
             return _combine(
                 self._expr(node.body, scope, order, depth, index),

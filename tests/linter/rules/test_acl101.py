@@ -554,3 +554,22 @@ def test_model_built_from_a_config_parameter(acl101):
         model, dl = accelerator.prepare(model, dl)
     """
     assert acl101.findings(source) == []
+
+
+def test_negated_loss_is_traced_to_its_model(acl101, at):
+    # `-logsigmoid(...)` keeps the loss's origin: an unprepared side model is not the engine's
+    source = """
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(mixed_precision="fp16")
+    model, opt, dl = accelerator.prepare(model, opt, dl)
+    head = torch.nn.Linear(8, 1)
+    for batch in dl:
+        score = head(batch["emb"]).squeeze(-1)
+        head_loss = -F.logsigmoid(score).mean()
+        head_loss.backward()
+        head_opt.step()
+    """
+    assert acl101.findings(source) == []
+    prepared = source.replace('head(batch["emb"])', 'model(batch["emb"])')
+    assert acl101.findings(prepared) == [("ACL101", *at(prepared, "head_loss.backward()"))]
