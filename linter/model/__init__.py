@@ -10,7 +10,7 @@ import re
 
 import libcst as cst
 
-from linter.model.cst_util import code, dotted, last_part, method_call, positional
+from linter.model.cst_util import code, dotted, last_part, method_call, positional, strip_parens
 from linter.model.dataflow import Flow, trace_loss
 from linter.model.functions import (
     CallSite,
@@ -42,6 +42,7 @@ __all__ = ["Model", "Site", "TrainingLoop", "Gate", "Region", "Flow", "Stmt", "S
 _ENGINE_NAME = re.compile(r"^(accelerator|accel|engine|model_engine|\w+_engine|fabric)$")
 _OPTIMIZER_NAME = re.compile(r"(^|_)(opt|optim|optimizer|optimiser)(s|_\w+|\d+)?$|optimizer")
 _SCHEDULER_NAME = re.compile(r"sched")
+_K_NAME = re.compile(r"grad(ient)?_?acc|accum", re.I)  # the Conventions' accumulation value
 _LIGHTNING_PACKAGES = {"lightning", "pytorch_lightning"}
 _CLIP_FUNCTIONS = {"clip_grad_norm_", "clip_grad_value_", "clip_grad_norm", "clip_gradients"}
 _AUTOCAST = {
@@ -551,14 +552,26 @@ class Model:
         """Whether the statement (or the expression `node` in it) runs only when the optimizer
         steps."""
         frames = loop.frames_of(stmt)
-        if any(update_gate(f, loop.counters, loop.flags) is not None for f in frames):
-            return True
-        if node is not None and inline_gate(stmt, node, loop.counters, loop.flags) is not None:
+        gates = [update_gate(f, loop.counters, loop.flags) for f in frames]
+        if node is not None:
+            gates.append(inline_gate(stmt, node, loop.counters, loop.flags))
+        if any(g is not None and self._counts_windows(loop, g) for g in gates):
             return True
         gate = loop.gate
         if gate is not None and gate.kind == "micro-loop":
             return not any(f.node is gate.node for f in frames)  # once per outer iteration
         return bool(self._step_only_branches(loop, stmt) & _branches(frames))
+
+    def _counts_windows(self, loop: TrainingLoop, gate: Gate) -> bool:
+        """A modulo condition marks update steps only when its modulus is the accumulation value:
+        `if step % args.logging_steps == 0:` beside a window of `args.grad_accum` is a logging
+        cadence. A modulus is accepted when no K is known or when its name says it is one."""
+        if gate.kind != "modulo" or gate.k is None:
+            return True
+        known = [k for k in (loop.gate.k if loop.gate else None, self.engine_k()) if k is not None]
+        if not known or _K_NAME.search(last_part(code(gate.k))):
+            return True
+        return code(strip_parens(gate.k)) in {code(strip_parens(k)) for k in known}
 
     def _step_only_branches(self, loop: TrainingLoop, stmt: Stmt) -> set[tuple[int, bool]]:
         """`if` branches that hold a step of this path but no backward: the update branch."""

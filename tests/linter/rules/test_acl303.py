@@ -375,3 +375,42 @@ def test_lightning_training_step_clips_every_batch(acl303, at):
         "        if (batch_idx + 1) % self.hparams.accum == 0:\n"
         "            torch.nn.utils.clip_grad_norm_"
     ) in acl303.fixed(source)
+
+
+def test_clip_under_a_logging_cadence(acl303, at):
+    # `% logging_steps` is not the window: the clip still runs on micro-steps that do not sync
+    source = """
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(gradient_accumulation_steps=args.grad_accum)
+    model, opt, dl = accelerator.prepare(model, opt, dl)
+    for step, batch in enumerate(dl):
+        with accelerator.accumulate(model):
+            accelerator.backward(model(**batch).loss)
+            if step % args.logging_steps == 0:
+                accelerator.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step(); opt.zero_grad()
+    """
+    assert acl303.findings(source) == [("ACL303", *at(source, "accelerator.clip_grad"))]
+    expected = (
+        "        if step % args.logging_steps == 0:\n"
+        "            if accelerator.sync_gradients:\n"
+        "                accelerator.clip_grad_norm_"
+    )
+    assert expected in acl303.fixed(source)
+    window = source.replace("step % args.logging_steps", "(step + 1) % args.grad_accum")
+    assert acl303.findings(window) == []
+
+
+def test_manual_loop_clip_under_a_logging_cadence(acl303, at):
+    source = """
+    for i, (x, y) in enumerate(dl):
+        (crit(model(x), y) / accum).backward()
+        if i % log_every == 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if (i + 1) % accum == 0:
+            opt.step(); opt.zero_grad()
+    """
+    assert acl303.findings(source) == [("ACL303", *at(source, "torch.nn.utils.clip"))]
+    aliased = source.replace("i % log_every", "(i + 1) % args.accum_steps")
+    assert acl303.findings(aliased) == []
