@@ -16,7 +16,7 @@ shared machine:
 Targets (issue): b/a <= 1.05 at width 512, and b/c < 1. `--width 8` makes Python overhead
 dominate and shows the engine's own cost.
 
-    python bench/engine_overhead.py [--width 512] [--rounds 400] [--batches 64] [--threads 1]
+    python bench/engine_overhead.py [--width 512] [--rounds 800] [--batches 64] [--threads 1]
         [--clock cpu|wall] [--with-checks]
 """
 
@@ -148,7 +148,7 @@ def report(label: str, samples: dict[str, list[float]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--width", type=int, default=512)
-    parser.add_argument("--rounds", type=int, default=400, help="windows per variant")
+    parser.add_argument("--rounds", type=int, default=800, help="windows per variant")
     parser.add_argument("--batches", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
