@@ -92,8 +92,30 @@ class Model:
         for loop in self.loops:
             if loop.gate is None:
                 loop.gate = self._accumulate_gate(loop)
+            if loop.gate is None and not loop.steps:
+                loop.gate = self._helper_step_gate(loop)
             if loop.gate is None and not loop.steps and isinstance(loop.node, cst.FunctionDef):
                 loop.gate = self._caller_gate(loop.scope)
+
+    def _helper_step_gate(self, loop: TrainingLoop) -> Gate | None:
+        """The gate of a call, in the loop, of a module function that steps the optimizer
+        (`if not (i + 1) % K: step()` with `def step(): scaler.step(opt); ...`)."""
+        for call in self._step_helper_calls(loop):
+            for frame in reversed(loop.frames_of(call.stmt)):
+                gate = update_gate(frame, loop.counters, loop.flags)
+                if gate is not None:
+                    return gate
+        return None
+
+    def _step_helper_calls(self, loop: TrainingLoop):
+        """Calls, in the loop's own body, of module functions that step an optimizer."""
+        for callee in self.scopes:
+            if not any(s.kind in STEP_KINDS for s in self.sites[id(callee)]):
+                continue
+            for call in self._callers.get(id(callee), ()):
+                in_loop = any(f.node is loop.node for f in call.stmt.frames)
+                if call.stmt.scope is loop.scope and in_loop:
+                    yield call
 
     def _caller_gate(self, scope: Scope) -> Gate | None:
         """The step gate of the loop that calls this per-batch function, when that loop steps

@@ -621,3 +621,34 @@ def test_backward_helper_called_through_partial(acl301, at):
 def test_backward_helper_never_called_is_not_judged(acl301):
     source = BACKWARD_HELPER.replace("        bwd(crit(model(x), y))\n", "        pass\n")
     assert acl301.findings(source) == []
+
+
+STEP_HELPER = """
+def train(cfg):
+    def update():
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+
+    for i, (x, y) in enumerate(dl):
+        loss = crit(model(x), y)
+        scaler.scale(loss).backward()
+        if not (i + 1) % cfg.accum:
+            update()
+"""
+
+
+def test_step_through_a_local_helper_under_the_gate(acl301, at):
+    assert acl301.findings(STEP_HELPER) == [("ACL301", *at(STEP_HELPER, "scaler.scale(loss)"))]
+    assert acl301.fixed(STEP_HELPER) == textwrap.dedent(STEP_HELPER).replace(
+        "        scaler.scale(loss)", "        loss = loss / cfg.accum\n        scaler.scale(loss)"
+    )
+
+
+def test_step_helper_called_every_batch(acl301):
+    source = STEP_HELPER.replace(
+        "        if not (i + 1) % cfg.accum:\n            update()", "        update()"
+    )
+    assert acl301.findings(source) == []
+    divided = STEP_HELPER.replace("crit(model(x), y)", "crit(model(x), y) / cfg.accum")
+    assert acl301.findings(divided) == []
