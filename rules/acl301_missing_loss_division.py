@@ -154,7 +154,7 @@ def _report(ctx, gate, site, flow) -> None:
             "with `# noqa: ACL301`)"
         )
     else:
-        fix = make_fix(f"Divide the loss by `{k}`", _division_edit(ctx, site, loss, k))
+        fix = make_fix(f"Divide the loss by `{k}`", *_division_edits(ctx, site, loss, k))
     source = f" (from `{code(flow.opaque[0].func)}`)" if flow.opaque else ""
     n = k if int_value(gate.k) is not None else f"`{k}`"
     ctx.report(
@@ -179,18 +179,21 @@ def _k_in_scope(gate, scope) -> bool:
     return same_class and text.startswith("self.")
 
 
-def _division_edit(ctx, site, loss, k: str):
+def _division_edits(ctx, site, loss, k: str) -> list:
     """`loss = loss / K` above the backward, or `(loss / K)` in place when the name is read
-    after the backward (a logged loss keeps its meaning)."""
+    after the backward (a logged loss keeps its meaning); each element of a list or tuple of
+    losses (`torch.autograd.backward([l1, l2])`) is divided in place."""
     import libcst as cst
 
+    if isinstance(loss, (cst.List, cst.Tuple)):
+        return [ctx.replace(e.value, f"{_operand(e.value)} / {k}") for e in loss.elements]
     if isinstance(loss, cst.Name) and site.stmt.index == 0 and not _read_after(site, loss.value):
         edit = ctx.insert_line_before(site.stmt.line, f"{loss.value} = {loss.value} / {k}")
         if edit is not None:
-            return edit
+            return [edit]
     divided = f"{_operand(loss)} / {k}"
     receiver = site.call.func.value if isinstance(site.call.func, cst.Attribute) else None
-    return ctx.replace(loss, f"({divided})" if loss is receiver else divided)
+    return [ctx.replace(loss, f"({divided})" if loss is receiver else divided)]
 
 
 def _read_after(site, name: str) -> bool:

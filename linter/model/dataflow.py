@@ -230,10 +230,9 @@ class Tracer:
                 [self._factor(side, scope, order, depth) for side in (node.left, node.right)]
             )
         if isinstance(op, (cst.Add, cst.Subtract)):
-            return _combine(
-                self._expr(node.left, scope, order, depth, None),
-                self._expr(node.right, scope, order, depth, None),
-            )
+            # a number (`1 - cosine_similarity(...)`) shifts the loss but carries no gradient
+            sides = [side for side in (node.left, node.right) if not _is_number(side)]
+            return _combine(*(self._expr(side, scope, order, depth, None) for side in sides))
         return UNKNOWN
 
     def _factor(self, node, scope: Scope, order: int, depth: int):

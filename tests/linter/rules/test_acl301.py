@@ -652,3 +652,27 @@ def test_step_helper_called_every_batch(acl301):
     assert acl301.findings(source) == []
     divided = STEP_HELPER.replace("crit(model(x), y)", "crit(model(x), y) / cfg.accum")
     assert acl301.findings(divided) == []
+
+
+def test_autograd_backward_of_a_list_divides_each_loss(acl301, at):
+    # `1 - cos` is as undivided as `cos`; the fix divides each element, so the logged losses keep
+    # their value
+    source = """
+    import torch.nn.functional as F
+
+    for i, (x, d, n) in enumerate(dl):
+        pred_d, pred_n = model(x)
+        l1 = F.l1_loss(pred_d, d)
+        l2 = 1 - F.cosine_similarity(pred_n, n).mean()
+        torch.autograd.backward([l1, l2 + l1])
+        if i % accum == accum - 1:
+            opt.step()
+            opt.zero_grad()
+        print(l1.item(), l2.item())
+    """
+    assert acl301.findings(source) == [("ACL301", *at(source, "torch.autograd.backward"))]
+    assert acl301.fixed(source) == textwrap.dedent(source).replace(
+        "backward([l1, l2 + l1])", "backward([l1 / accum, (l2 + l1) / accum])"
+    )
+    divided = source.replace("1 - F.cosine", "1 / accum - F.cosine")
+    assert acl301.findings(divided) == []
