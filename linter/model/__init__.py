@@ -587,13 +587,15 @@ class Model:
     def _counts_windows(self, loop: TrainingLoop, gate: Gate) -> bool:
         """A modulo condition marks update steps only when its modulus is the accumulation value:
         `if step % args.logging_steps == 0:` beside a window of `args.grad_accum` is a logging
-        cadence. A modulus is accepted when no K is known or when its name says it is one."""
+        cadence. A modulus is accepted when no K is known, when it names K as the step gate or
+        the engine does (`self.update_freq` and `args.update_freq` alike), or when its name says
+        it is an accumulation value."""
         if gate.kind != "modulo" or gate.k is None:
             return True
         known = [k for k in (loop.gate.k if loop.gate else None, self.engine_k()) if k is not None]
-        if not known or _K_NAME.search(last_part(code(gate.k))):
+        if not known or _K_NAME.search(_short_name(gate.k)):
             return True
-        return code(strip_parens(gate.k)) in {code(strip_parens(k)) for k in known}
+        return _short_name(gate.k) in {_short_name(k) for k in known}
 
     def _step_only_branches(self, loop: TrainingLoop, stmt: Stmt) -> set[tuple[int, bool]]:
         """`if` branches that hold a step of this path but no backward: the update branch."""
@@ -640,6 +642,12 @@ class Model:
 
     def line(self, node: cst.CSTNode) -> int:
         return self.positions.line(node)
+
+
+def _short_name(node: cst.BaseExpression) -> str:
+    """`update_freq` for `self.update_freq`; the code of anything that is not a dotted name."""
+    text = dotted(node)
+    return last_part(text) if text else code(strip_parens(node))
 
 
 def _branches(frames) -> set[tuple[int, bool]]:

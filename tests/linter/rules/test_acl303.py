@@ -414,3 +414,15 @@ def test_manual_loop_clip_under_a_logging_cadence(acl303, at):
     assert acl303.findings(source) == [("ACL303", *at(source, "torch.nn.utils.clip"))]
     aliased = source.replace("i % log_every", "(i + 1) % args.accum_steps")
     assert acl303.findings(aliased) == []
+
+
+def test_clip_under_the_window_spelled_through_another_object(acl303):
+    source = """
+    for i, (x, y) in enumerate(dl):
+        (crit(model(x), y) / self.update_freq).backward()
+        if (i + 1) % cfg.update_freq == 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if (i + 1) % self.update_freq == 0:
+            opt.step(); opt.zero_grad()
+    """
+    assert acl303.findings(source) == []
