@@ -19,7 +19,8 @@ since Lightning scales for precision but leaves the division to the loop. Only t
 dataflow counts: a loss returned by an imported helper is reported too (without a fix), unless
 the helper is handed K or the namespace holding it. A per-batch function (`train_step`) whose
 caller gates the optimizer step is checked against that gate; its fix is offered only when K
-can be read inside the function (`self.accum`).
+can be read inside the function (`self.accum`). A loop that steps only through a function of the
+module (`if not (i + 1) % K: step()`) is gated by that call's condition.
 
 ## Why is this bad?
 Each micro-batch loss is already a mean, so backpropagating it undivided leaves the sum of N
@@ -48,7 +49,8 @@ for i, (x, y) in enumerate(dl):
 
 ## Fix safety
 Safe. `loss = loss / K` is inserted just before the backward when the loss is a plain name;
-otherwise the expression becomes `(expr / K).backward()`. K is spelled as in the step gate. No fix
+otherwise the expression becomes `(expr / K).backward()`, and each loss of
+`torch.autograd.backward([l1, l2])` is divided in place. K is spelled as in the step gate. No fix
 is offered when the loss comes from a call the linter cannot see into, since it might divide
 already. `accelerator.backward` and `engine.backward` divide by themselves and are never flagged.
 

@@ -21,7 +21,8 @@ engine's equivalent), or in a manual accumulation loop outside the condition tha
 `opt.step()`. A gate may also be a name bound to the condition (`sync =
 accelerator.sync_gradients`) or a conditional expression (`clip(...) if
 accelerator.sync_gradients else None`). A per-batch function (`train_step`) is judged by the
-step gate of the loop that calls it.
+step gate of the loop that calls it. A condition on another cadence (`step % logging_steps == 0`)
+is not a gate: only a modulus that is the accumulation value counts.
 
 ## Why is this bad?
 On a micro-step that does not step, `.grad` holds a partial sum. In fp16 every clip needs an
