@@ -82,8 +82,8 @@ def check(ctx) -> None:
 
 def _divided_elsewhere_on_its_path(model, loop, site) -> bool:
     """An engine backward that divides by K, or a division of the gradients, in an iteration
-    that runs this backward. Another branch (`if fp16: optimizer.backward(loss) else:
-    loss.backward()`) does not cover this one."""
+    that runs this backward (also inside a function the loop steps through). Another branch
+    (`if fp16: optimizer.backward(loss) else: loss.backward()`) does not cover this one."""
     from linter.model.loops import same_path
 
     for other in loop.of_kind("engine_backward", "grad_div"):
@@ -91,7 +91,7 @@ def _divided_elsewhere_on_its_path(model, loop, site) -> bool:
             continue
         if same_path(other.stmt, site.stmt):
             return True
-    return False
+    return any(same_path(call, site.stmt) for call, _ in model.step_helper_sites(loop, "grad_div"))
 
 
 def _handed_k(flow, gate) -> bool:

@@ -107,6 +107,16 @@ class Model:
                     return gate
         return None
 
+    def step_helper_sites(self, loop: TrainingLoop, *kinds: str) -> list[tuple[Stmt, Site]]:
+        """(the call in the loop, a site of `kinds` in the called function) for the module
+        functions the loop steps through: `p.grad /= K` inside `def step():` divides too."""
+        return [
+            (call.stmt, site)
+            for call in self._step_helper_calls(loop)
+            for site in self.sites[id(self.local_function(call.call.func, call.stmt.scope))]
+            if site.kind in kinds
+        ]
+
     def _step_helper_calls(self, loop: TrainingLoop):
         """Calls, in the loop's own body, of module functions that step an optimizer."""
         for callee in self.scopes:

@@ -652,6 +652,14 @@ def test_step_helper_called_every_batch(acl301):
     assert acl301.findings(source) == []
     divided = STEP_HELPER.replace("crit(model(x), y)", "crit(model(x), y) / cfg.accum")
     assert acl301.findings(divided) == []
+    grads_divided = STEP_HELPER.replace(
+        "    def update():\n",
+        "    def update():\n"
+        "        for p in model.parameters():\n"
+        "            p.grad /= cfg.accum\n",
+    )
+    assert "p.grad /= cfg.accum" in grads_divided
+    assert acl301.findings(grads_divided) == []
 
 
 def test_autograd_backward_of_a_list_divides_each_loss(acl301, at):
