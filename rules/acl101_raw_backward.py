@@ -71,9 +71,9 @@ def check(ctx) -> None:
 
 
 def _stepping_scaler(model, loop, backward) -> str | None:
-    """The enabled GradScaler this loop steps (or unscales) in an iteration that runs the
-    backward; a scaler stepped only in another branch (`if scaler is None: loss.backward()`)
-    owns a different path."""
+    """The enabled GradScaler this loop steps (or unscales), itself or through a function it
+    calls, in an iteration that runs the backward; a scaler stepped only in another branch
+    (`if scaler is None: loss.backward()`) owns a different path."""
     from linter.model.loops import same_path
 
     for site in loop.of_kind("scaler_step", "unscale"):
@@ -81,7 +81,19 @@ def _stepping_scaler(model, loop, backward) -> str | None:
             continue
         if model.scaler_role(site.receiver, site.stmt.scope) == "enabled":
             return site.receiver
+    for call, site in model.step_helper_sites(loop, "scaler_step", "unscale"):
+        if same_path(call, backward.stmt) and _reads_from_outside(site):
+            if model.scaler_role(site.receiver, site.stmt.scope) == "enabled":
+                return site.receiver
     return None
+
+
+def _reads_from_outside(site) -> bool:
+    """A scaler that a stepping function reads from its enclosing scope (`def step():
+    scaler.step(opt)`), so that the loop calling it can name it too."""
+    head = (site.receiver or "").split(".", 1)[0]
+    scope = site.stmt.scope
+    return bool(head) and head not in scope.params and head not in scope.defs
 
 
 def _already_scaled(model, site) -> bool:

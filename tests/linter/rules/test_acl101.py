@@ -573,3 +573,32 @@ def test_negated_loss_is_traced_to_its_model(acl101, at):
     assert acl101.findings(source) == []
     prepared = source.replace('head(batch["emb"])', 'model(batch["emb"])')
     assert acl101.findings(prepared) == [("ACL101", *at(prepared, "head_loss.backward()"))]
+
+
+def test_scaler_stepped_through_a_closure(acl101, at):
+    source = """
+    import torch
+
+    def train(cfg):
+        scaler = torch.amp.GradScaler("cuda")
+
+        def update():
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+
+        for x, y in dl:
+            loss = crit(model(x), y)
+            loss.backward()
+            update()
+    """
+    assert acl101.findings(source) == [("ACL101", *at(source, "loss.backward()"))]
+    assert "scaler.scale(loss).backward()" in acl101.fixed(source)
+    # a helper given its own scaler: the loop's code cannot name it, so it is not judged here
+    handed = source.replace("def update():", "def update(scaler):").replace(
+        "update()\n", "update(other_scaler)\n"
+    )
+    assert "def update(scaler)" in handed and "update(other_scaler)" in handed
+    assert acl101.findings(handed) == []
+    disabled = source.replace('GradScaler("cuda")', 'GradScaler("cuda", enabled=False)')
+    assert acl101.findings(disabled) == []
