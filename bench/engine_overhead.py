@@ -9,6 +9,10 @@ shared machine:
   compared lie milliseconds apart and machine noise and drift hit all of them alike;
 - time is this process's CPU time with torch's intra-op threads fixed (other load on the
   machine does not count); the set-up objects are frozen out of the garbage collector;
+- glibc's malloc is told to keep freed memory (the script re-executes itself with
+  `MALLOC_*` settings unless they are set): otherwise each window's large tensors are mapped
+  and unmapped again, and hundreds of page faults per window, varying with heap layout rather
+  than with the code under test, add up to a millisecond of system time;
 - besides the ratios of the medians, the overhead in microseconds per micro-step is the median
   of the per-round differences b - a and c - a (paired within a round), with its interquartile
   range: the absolute figure is steadier than a ratio whose denominator moves with the model.
@@ -24,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -145,7 +151,22 @@ def report(label: str, samples: dict[str, list[float]]) -> None:
     print(f"{ba_us:>9.1f} ±{ba_iqr:<6.1f}{ca_us:>8.1f} ±{ca_iqr:<6.1f}")
 
 
+MALLOC_SETTINGS = {
+    "MALLOC_MMAP_THRESHOLD_": str(1 << 30),  # large tensors come from the heap, not mmap
+    "MALLOC_TRIM_THRESHOLD_": str(1 << 30),  # freed heap memory is kept for the next window
+    "MALLOC_TOP_PAD_": str(64 << 20),
+}
+
+
+def keep_freed_memory() -> None:
+    """Re-execute this script once with MALLOC_SETTINGS (glibc reads them only at start-up)."""
+    if any(name in os.environ for name in MALLOC_SETTINGS):
+        return
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC_SETTINGS})
+
+
 def main() -> None:
+    keep_freed_memory()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=800, help="windows per variant")
@@ -174,7 +195,8 @@ def main() -> None:
         f"MLP width {args.width}, batch {args.batch_size}, N={N}, {args.batches} micro-steps "
         f"per epoch, {args.rounds} rounds of one window each, "
         f"torch threads {torch.get_num_threads()}, "
-        f"guard checks {'on' if args.with_checks else 'off'}, {args.clock} clock"
+        f"guard checks {'on' if args.with_checks else 'off'}, {args.clock} clock, "
+        f"MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_', 'unset')}"
     )
     print("medians per micro-step; overhead = median of per-round differences ± IQR")
     print(f"{'':<6}{'plain ms':>9}{'engine ms':>10}{'accel ms':>9}", end="")
