@@ -146,7 +146,7 @@ def _loss_and_rest(ctx, site):
         loss = call.func.value
     elif args and args[0].keyword is None and not args[0].star:
         loss, args = args[0].value, args[1:]
-        if isinstance(loss, (cst.List, cst.Tuple)):
+        if isinstance(loss, (cst.List, cst.Tuple)) or ctx.model.names_a_sequence(loss, site.stmt):
             return None
     else:
         return None

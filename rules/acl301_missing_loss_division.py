@@ -155,6 +155,10 @@ def _report(ctx, gate, site, flow) -> None:
             "offered (if it already averages over the window, or sums on purpose, mark the line "
             "with `# noqa: ACL301`)"
         )
+    elif model.names_a_sequence(loss, site.stmt):
+        notes.append(
+            f"`{code(loss)}` holds several losses: no fix is offered (divide each of them by {k})"
+        )
     else:
         fix = make_fix(f"Divide the loss by `{k}`", *_division_edits(ctx, site, loss, k))
     source = f" (from `{code(flow.opaque[0].func)}`)" if flow.opaque else ""

@@ -631,6 +631,19 @@ class Model:
         scaled = self.scaled_loss(receiver, site.stmt.scope)
         return scaled if scaled is not None else receiver
 
+    def names_a_sequence(self, expr: cst.BaseExpression, stmt: Stmt) -> bool:
+        """A name bound to a list or tuple of losses (`torch.autograd.backward(losses)`): a fix
+        that divides it (`losses / K`) or hands it to an engine would not run."""
+        if not isinstance(expr, cst.Name):
+            return False
+        defs = stmt.scope.defs_before(expr.value, stmt.order)
+        if not defs or defs[-1].op != "=" or defs[-1].tuple_index is not None:
+            return False
+        value = defs[-1].value
+        if isinstance(value, cst.Call):
+            return dotted(value.func) in ("list", "tuple")
+        return isinstance(value, (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp))
+
     def is_backward_function(self, call: cst.Call) -> bool:
         """`torch.autograd.backward(loss)` rather than `loss.backward()`."""
         return self.imports.qualify(call.func) == "torch.autograd.backward"

@@ -602,3 +602,21 @@ def test_scaler_stepped_through_a_closure(acl101, at):
     assert acl101.findings(handed) == []
     disabled = source.replace('GradScaler("cuda")', 'GradScaler("cuda", enabled=False)')
     assert acl101.findings(disabled) == []
+
+
+def test_autograd_backward_of_a_named_list_has_no_fix(acl101, at):
+    # `accelerator.backward(losses)` would divide a list: reported, but nothing is rewritten
+    source = """
+    import torch
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(gradient_accumulation_steps=4)
+    model, opt, dl = accelerator.prepare(model, opt, dl)
+    for x, y in dl:
+        out = model(x)
+        losses = [crit(out, y), aux_crit(out, y)]
+        torch.autograd.backward(losses)
+        opt.step()
+    """
+    assert acl101.findings(source) == [("ACL101", *at(source, "torch.autograd.backward"))]
+    assert acl101.fixed(source) == textwrap.dedent(source)

@@ -684,3 +684,24 @@ def test_autograd_backward_of_a_list_divides_each_loss(acl301, at):
     )
     divided = source.replace("1 - F.cosine", "1 / accum - F.cosine")
     assert acl301.findings(divided) == []
+
+
+def test_autograd_backward_of_a_named_list_has_no_fix(acl301, at):
+    # `losses / accum` would raise on a list: reported, but nothing is rewritten
+    source = """
+    import torch
+    import torch.nn.functional as F
+
+    for i, (x, y) in enumerate(dl):
+        out = model(x)
+        losses = [F.l1_loss(out, y), F.mse_loss(out, y)]
+        torch.autograd.backward(losses)
+        if (i + 1) % accum == 0:
+            opt.step()
+            opt.zero_grad()
+    """
+    (diagnostic,) = acl301.diagnostics(source)
+    assert (diagnostic.code, diagnostic.start.line) == ("ACL301", at(source, "torch.autograd")[0])
+    assert diagnostic.fix is None
+    assert any("holds several losses" in note for note in diagnostic.notes)
+    assert acl301.fixed(source) == textwrap.dedent(source)
