@@ -82,18 +82,21 @@ def _stepping_scaler(model, loop, backward) -> str | None:
         if model.scaler_role(site.receiver, site.stmt.scope) == "enabled":
             return site.receiver
     for call, site in model.step_helper_sites(loop, "scaler_step", "unscale"):
-        if same_path(call, backward.stmt) and _reads_from_outside(site):
+        if same_path(call, backward.stmt) and _visible_from(site, loop.scope):
             if model.scaler_role(site.receiver, site.stmt.scope) == "enabled":
                 return site.receiver
     return None
 
 
-def _reads_from_outside(site) -> bool:
-    """A scaler that a stepping function reads from its enclosing scope (`def step():
-    scaler.step(opt)`), so that the loop calling it can name it too."""
+def _visible_from(site, scope) -> bool:
+    """Whether the loop's `scope` can name the scaler that a stepping function uses: one read
+    from an enclosing scope (`def step(): scaler.step(opt)`), or `self.scaler` in a method of
+    the same class."""
     head = (site.receiver or "").split(".", 1)[0]
-    scope = site.stmt.scope
-    return bool(head) and head not in scope.params and head not in scope.defs
+    helper = site.stmt.scope
+    if head == "self":
+        return helper.class_name is not None and helper.class_name == scope.class_name
+    return bool(head) and head not in helper.params and head not in helper.defs
 
 
 def _already_scaled(model, site) -> bool:

@@ -620,3 +620,25 @@ def test_autograd_backward_of_a_named_list_has_no_fix(acl101, at):
     """
     assert acl101.findings(source) == [("ACL101", *at(source, "torch.autograd.backward"))]
     assert acl101.fixed(source) == textwrap.dedent(source)
+
+
+def test_scaler_stepped_through_a_method_of_the_same_class(acl101, at):
+    source = """
+    import torch
+
+    class Trainer:
+        def __init__(self):
+            self.scaler = torch.amp.GradScaler("cuda")
+
+        def _optimizer_step(self):
+            self.scaler.step(self.opt)
+            self.scaler.update()
+
+        def fit(self, dl):
+            for x, y in dl:
+                loss = crit(self.model(x), y)
+                loss.backward()
+                self._optimizer_step()
+    """
+    assert acl101.findings(source) == [("ACL101", *at(source, "loss.backward()"))]
+    assert "self.scaler.scale(loss).backward()" in acl101.fixed(source)
