@@ -13,7 +13,8 @@ RULE = Rule(
     docs="""\
 ## What it does
 Flags `loss.backward()` (and `torch.autograd.backward(loss)`) in a training loop whose backward
-belongs to an Accelerator / guard engine, or to an enabled `GradScaler` that the same loop steps.
+belongs to an Accelerator / guard engine, or to an enabled `GradScaler` that the same loop steps
+(itself, or through a function of the module such as `def step(): scaler.step(opt)`).
 
 ## Why is this bad?
 `accelerator.backward(loss)` divides the loss by the accumulation steps N and, in fp16, scales it.
@@ -44,7 +45,8 @@ for batch in dl:
 ## Fix safety
 Safe. `loss.backward(**kw)` becomes `accelerator.backward(loss, **kw)` (or `engine.backward`), or
 `scaler.scale(loss).backward(**kw)` in a raw AMP loop. A manual division by N on the argument is
-removed by the same edit, so the result does not trigger ACL302.
+removed by the same edit, so the result does not trigger ACL302. No fix for a list of losses
+(`torch.autograd.backward([l1, l2])` or a name bound to one).
 
 ## At runtime
 `engine.backward` marks the backward it owns, and a hook on every grad-requiring output of a
