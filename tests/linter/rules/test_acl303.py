@@ -426,3 +426,29 @@ def test_clip_under_the_window_spelled_through_another_object(acl303):
             opt.step(); opt.zero_grad()
     """
     assert acl303.findings(source) == []
+
+
+def test_clip_beside_a_gated_call_of_a_step_function(acl303, at):
+    source = """
+    def train(cfg):
+        def update():
+            opt.step()
+            opt.zero_grad()
+
+        for i, (x, y) in enumerate(dl):
+            (crit(model(x), y) / cfg.accum).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if (i + 1) % cfg.accum == 0:
+                update()
+    """
+    assert acl303.findings(source) == [("ACL303", *at(source, "torch.nn.utils.clip"))]
+    expected = (
+        "        if (i + 1) % cfg.accum == 0:\n"
+        "            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+    )
+    assert expected in acl303.fixed(source)
+    every_batch = source.replace(
+        "if (i + 1) % cfg.accum == 0:\n                update()", "update()"
+    )
+    assert "if (i + 1)" not in every_batch
+    assert acl303.findings(every_batch) == []
