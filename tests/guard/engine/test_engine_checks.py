@@ -182,6 +182,20 @@ def test_acl601_nan_loss_is_refused_before_the_step(checks):
     assert torch.equal(flat_params(model), start)
 
 
+def test_acl601_half_precision_inf_loss_among_fp32_losses(checks):
+    """The window's losses are read together: a bf16 inf next to fp32 losses is still seen."""
+    engine, model, opt = _prepared()
+    x, y = _batch()
+    start = flat_params(model)
+    with pytest.raises(guard.GuardError, match="ACL601"):
+        for i in range(N):
+            with engine.accumulate(model):
+                loss = loss_fn(model, x, y)
+                engine.backward(loss.bfloat16() * float("inf") if i == 2 else loss)
+                opt.step()
+    assert torch.equal(flat_params(model), start)
+
+
 def test_acl601_silent_for_finite_losses(checks):
     engine, model, opt = _prepared()
     x, y = _batch()
