@@ -86,7 +86,10 @@ def run(rank: int, world: int, port: int) -> None:
         "same_epoch": sampler_epochs(guard, set_epoch=False),
         "set_epoch": sampler_epochs(guard, set_epoch=True),
     }
-    print(json.dumps(result), flush=True)
+    # One file per rank: two ranks printing to one pipe can interleave their lines.
+    out = os.path.join(os.environ["ACCEL_DDP_RESULTS"], f"rank{rank}.json")
+    with open(out, "w", encoding="utf-8") as fh:
+        json.dump(result, fh)
     dist.destroy_process_group()
 
 

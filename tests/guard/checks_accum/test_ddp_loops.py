@@ -17,9 +17,11 @@ ROOT = HERE.parents[2]
 
 
 @pytest.fixture(scope="module")
-def ranks() -> list[dict]:
+def ranks(tmp_path_factory) -> list[dict]:
+    results = tmp_path_factory.mktemp("ddp-results")
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", ACCEL_GUARD="raise")
+    env["ACCEL_DDP_RESULTS"] = str(results)
     done = subprocess.run(
         [sys.executable, str(HERE / "ddp_accum_worker.py")],
         env=env,
@@ -28,7 +30,7 @@ def ranks() -> list[dict]:
         timeout=180,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    rows = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(results.glob("rank*.json"))]
     assert sorted(r["rank"] for r in rows) == [0, 1]
     return rows
 
