@@ -7,6 +7,7 @@ is this statement on the update step, which engine is in scope here) instead of 
 from __future__ import annotations
 
 import re
+from functools import partial
 
 import libcst as cst
 
@@ -584,28 +585,29 @@ class Model:
         """Whether the statement (or the expression `node` in it) runs only when the optimizer
         steps."""
         frames = loop.frames_of(stmt)
-        gates = [update_gate(f, loop.counters, loop.flags) for f in frames]
+        accept = partial(self._counts_windows, loop)
+        gates = [update_gate(f, loop.counters, loop.flags, accept) for f in frames]
         if node is not None:
-            gates.append(inline_gate(stmt, node, loop.counters, loop.flags))
-        if any(g is not None and self._counts_windows(loop, g) for g in gates):
+            gates.append(inline_gate(stmt, node, loop.counters, loop.flags, accept))
+        if any(g is not None for g in gates):
             return True
         gate = loop.gate
         if gate is not None and gate.kind == "micro-loop":
             return not any(f.node is gate.node for f in frames)  # once per outer iteration
         return bool(self._step_only_branches(loop, stmt) & _branches(frames))
 
-    def _counts_windows(self, loop: TrainingLoop, gate: Gate) -> bool:
+    def _counts_windows(self, loop: TrainingLoop, kind: str, k: cst.BaseExpression | None) -> bool:
         """A modulo condition marks update steps only when its modulus is the accumulation value:
         `if step % args.logging_steps == 0:` beside a window of `args.grad_accum` is a logging
         cadence. A modulus is accepted when no K is known, when it names K as the step gate or
         the engine does (`self.update_freq` and `args.update_freq` alike), or when its name says
         it is an accumulation value."""
-        if gate.kind != "modulo" or gate.k is None:
+        if kind != "modulo" or k is None:
             return True
-        known = [k for k in (loop.gate.k if loop.gate else None, self.engine_k()) if k is not None]
-        if not known or _K_NAME.search(_short_name(gate.k)):
+        known = [e for e in (loop.gate.k if loop.gate else None, self.engine_k()) if e is not None]
+        if not known or _K_NAME.search(_short_name(k)):
             return True
-        return _short_name(gate.k) in {_short_name(k) for k in known}
+        return _short_name(k) in {_short_name(e) for e in known}
 
     def _step_only_branches(self, loop: TrainingLoop, stmt: Stmt) -> set[tuple[int, bool]]:
         """`if` branches that hold a step of this path but no backward: the update branch."""

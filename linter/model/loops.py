@@ -253,13 +253,15 @@ def _micro_count(iterable: cst.BaseExpression) -> cst.BaseExpression | None:
     return None
 
 
-def inline_gate(stmt: Stmt, node: cst.CSTNode, counters: set[str], flags=None) -> Gate | None:
+def inline_gate(
+    stmt: Stmt, node: cst.CSTNode, counters: set[str], flags=None, accept=None
+) -> Gate | None:
     """The gate of a conditional expression around `node` inside its statement: the clip in
     `clip(...) if accelerator.sync_gradients else None` or `accelerator.sync_gradients and
     clip(...)` runs only on update steps."""
     for test, holds, guarded in _conditional_parts(stmt.node):
         if any(sub is node for sub in walk(guarded)):
-            found = _classify(test, holds, counters, flags or {})
+            found = _classify(test, holds, counters, flags or {}, accept)
             if found is not None:
                 return Gate(found[0], found[1], stmt.node, test, holds)
     return None
@@ -275,30 +277,38 @@ def _conditional_parts(root: cst.CSTNode):
             yield sub.left, isinstance(sub.operator, cst.And), sub.right
 
 
-def update_gate(frame: Frame, counters: set[str], flags=None) -> Gate | None:
-    """The gate when `frame` lets only update steps through, else None."""
+def update_gate(frame: Frame, counters: set[str], flags=None, accept=None) -> Gate | None:
+    """The gate when `frame` lets only update steps through, else None. `accept(kind, K)` may
+    turn down a condition (a logging cadence), so that the other side of `and` is tried."""
     if frame.kind not in ("if", "exit"):
         return None
-    found = _classify(frame.test, frame.holds, counters, flags or {})
+    found = _classify(frame.test, frame.holds, counters, flags or {}, accept)
     if found is None:
         return None
     kind, k = found
     return Gate(kind, k, frame.node, frame.test, frame.holds)
 
 
-def _classify(test, holds: bool, counters: set[str], flags: dict):
+def _classify(test, holds: bool, counters: set[str], flags: dict, accept=None):
     """(kind, K) when `test` having truth value `holds` means "this is an update step"."""
     name = dotted(test)
     if name in flags:
         rest = {k: v for k, v in flags.items() if k != name}
-        return _classify(flags[name], holds, counters, rest)
+        return _classify(flags[name], holds, counters, rest, accept)
     if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-        return _classify(test.expression, not holds, counters, flags)
+        return _classify(test.expression, not holds, counters, flags, accept)
     if isinstance(test, cst.BooleanOperation):
         # Compound gates (`(i + 1) % K == 0 or i + 1 == len(dl)`) gate on either side.
-        return _classify(test.left, holds, counters, flags) or _classify(
-            test.right, holds, counters, flags
+        return _classify(test.left, holds, counters, flags, accept) or _classify(
+            test.right, holds, counters, flags, accept
         )
+    found = _simple_gate(test, holds, counters)
+    if found is not None and accept is not None and not accept(*found):
+        return None
+    return found
+
+
+def _simple_gate(test, holds: bool, counters: set[str]):
     if isinstance(test, cst.Attribute) and test.attr.value == "sync_gradients":
         return ("sync", None) if holds else None
     if isinstance(test, cst.BinaryOperation) and isinstance(test.operator, cst.Modulo):

@@ -400,6 +400,13 @@ def test_clip_under_a_logging_cadence(acl303, at):
     assert expected in acl303.fixed(source)
     window = source.replace("step % args.logging_steps", "(step + 1) % args.grad_accum")
     assert acl303.findings(window) == []
+    for both in (
+        "step % args.logging_steps == 0 and accelerator.sync_gradients",
+        "accelerator.sync_gradients and step % args.logging_steps == 0",
+    ):
+        combined = source.replace("step % args.logging_steps == 0", both)
+        assert both in combined
+        assert acl303.findings(combined) == []
 
 
 def test_manual_loop_clip_under_a_logging_cadence(acl303, at):
