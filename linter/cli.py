@@ -150,14 +150,17 @@ def lint(
 
 def _check(paths, resolver, mode, output_format, statistics, no_cache) -> int:
     from linter import output, runner
-    from linter.cache import Cache, default_directory
     from linter.discovery import discover
 
     found = discover(paths, resolver)
     for note in found.notes:
         typer.echo(f"note: {note}", err=True)
     project = resolver.project
-    cache = None if no_cache else Cache(default_directory(project.root))
+    cache = None
+    if not no_cache:
+        from linter.cache import Cache, default_directory
+
+        cache = Cache(default_directory(project.root))
     report = runner.run(found.files, mode, cache)
     if cache is not None:
         cache.save()

@@ -8,22 +8,22 @@ return plain values; the main process owns the cache and all printing.
 from __future__ import annotations
 
 import ast
-import difflib
 import os
 import re
 import sys
-import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from linter import cache as cache_mod
-from linter import fixer, noqa
+from linter import noqa
 from linter.config import Settings
 from linter.selection import PARSE_ERROR
 from linter.source import SourceError, decode, read_bytes, write_atomic
 from linter.types import Diagnostic, Position
+
+if TYPE_CHECKING:
+    from linter.cache import Cache
 
 # "backward" only as a call: prose such as "backward compatible" fills half the files of a library.
 PREFILTER = re.compile(
@@ -98,7 +98,7 @@ class _Pending:
 def run(
     files: Iterable[tuple[Path, Settings]],
     mode: FixMode = "none",
-    cache: cache_mod.Cache | None = None,
+    cache: Cache | None = None,
 ) -> Report:
     """Lint `files` (each with its settings) and return every file's result."""
     report = Report()
@@ -123,7 +123,12 @@ def _plan(path: Path, settings: Settings, mode: FixMode, cache) -> FileResult | 
     """A file's result when the cache or the prefilter already knows it, else its job."""
     shown, absolute = shown_path(path), os.path.abspath(path)
     codes = settings.codes_for(path)
-    key = cache_mod.codes_key(codes)
+    if cache:  # the cache module (hashlib, json) is loaded only by runs that use it
+        from linter import cache as cache_mod
+
+        key = cache_mod.codes_key(codes)
+    else:
+        key = ""
     try:
         stat = os.stat(absolute)
     except OSError:
@@ -149,12 +154,18 @@ def _plan(path: Path, settings: Settings, mode: FixMode, cache) -> FileResult | 
 
 
 def _needs_fixing(diagnostics: list[Diagnostic], mode: FixMode, unsafe: bool) -> bool:
-    return mode != "none" and any(fixer.applicable(d, unsafe) for d in diagnostics)
+    if mode == "none":  # a plain check never loads the fixer
+        return False
+    from linter import fixer
+
+    return any(fixer.applicable(d, unsafe) for d in diagnostics)
 
 
 def _remember(cache, item: _Pending, result: FileResult) -> None:
     job, stat, digest = item.job, item.stat, item.digest
     if result.fixed and job.mode == "write":
+        from linter import cache as cache_mod
+
         stat = os.stat(job.absolute)  # the file now holds the fixed text
         digest = cache_mod.digest(read_bytes(job.absolute))
     elif result.fixed:
@@ -195,6 +206,8 @@ def lint_job(job: Job) -> FileResult:
         diagnostics = analyse(source.text)
         if not _needs_fixing(diagnostics, job.mode, job.unsafe):
             return FileResult(job.shown, diagnostics)
+        from linter import fixer
+
         outcome = fixer.fix_text(source.text, analyse, job.unsafe, source.newline, diagnostics)
         result = FileResult(job.shown, outcome.diagnostics, outcome.fixed, error=outcome.error)
         result.cacheable = outcome.error is None  # a fix error is reported again on every run
@@ -208,6 +221,8 @@ def lint_job(job: Job) -> FileResult:
     except ParseFailure as failure:
         return FileResult(job.shown, [syntax_error(source.text, job.shown, failure)])
     except Exception as exc:  # a bug in a rule or the fixer must not stop the other files
+        import traceback
+
         detail = "".join(traceback.format_exception_only(exc)).strip()
         if os.environ.get("ACCEL_LINT_DEBUG"):
             detail = "".join(traceback.format_exception(exc))
@@ -245,6 +260,8 @@ def _file_error(shown: str, message: str) -> Diagnostic:
 
 
 def unified_diff(shown: str, before: str, after: str) -> str:
+    import difflib
+
     lines = difflib.unified_diff(
         before.splitlines(keepends=True), after.splitlines(keepends=True), shown, shown
     )

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from linter import fixer
 from linter.types import Diagnostic
 
 FORMATS = ("full", "concise", "json", "github", "sarif")
@@ -23,6 +22,8 @@ class Context:
 
 
 def fixable(diagnostic: Diagnostic, context: Context) -> bool:
+    from linter import fixer
+
     return fixer.applicable(diagnostic, context.unsafe_fixes)
 
 
