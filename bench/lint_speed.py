@@ -10,7 +10,13 @@ Setup, once (nothing is downloaded at run time; torch is not needed: only source
     python -m venv .benchvenv
     .benchvenv/bin/pip install torchfix ruff
     .benchvenv/bin/pip install --no-deps diffusers accelerate
-    .benchvenv/bin/pip install -e .
+    .benchvenv/bin/pip install --no-deps .
+
+accel-lint is installed as a regular (non-editable) package, as pre-commit and pip users get it:
+an editable install adds its import-path finder (about 10 ms) to every start-up. After changing
+the linter, reinstall before measuring:
+
+    .benchvenv/bin/pip install -q --no-deps --force-reinstall .
 
 Run:
 
