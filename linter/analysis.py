@@ -7,7 +7,9 @@ The interface (owned here, used by the runner/CLI):
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Collection
+from functools import cache
 
 from linter.types import Diagnostic
 
@@ -22,6 +24,27 @@ class ParseFailure(Exception):
         self.column = column
 
 
+@cache
+def load() -> None:
+    """Import libcst, the model and the rules once, with the cyclic garbage collector paused.
+
+    These imports create a few hundred thousand long-lived objects (libcst's node classes); the
+    collector would scan them again and again for nothing, about 15 ms of a one-file run. Frozen
+    afterwards, later collections skip them too.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        import libcst  # noqa: F401
+
+        import linter.context  # noqa: F401
+        import rules  # noqa: F401
+    finally:
+        if enabled:
+            gc.enable()
+    gc.freeze()
+
+
 def parse(source: str):
     """Parse with libcst; a syntax error becomes a `ParseFailure` with its position."""
     import libcst as cst
@@ -34,6 +57,7 @@ def parse(source: str):
 
 def analyze_source(source: str, path: str, codes: Collection[str]) -> list[Diagnostic]:
     """Run every selected rule that has a static check on one module's source text."""
+    load()
     from linter.context import RuleContext
     from linter.model import Model
     from rules import ALL_RULES, rule_module
@@ -56,6 +80,7 @@ def analyze_source(source: str, path: str, codes: Collection[str]) -> list[Diagn
 
 def describe_loops(source: str, path: str) -> dict:
     """What the linter understood about each training loop (for `--show-loops`)."""
+    load()
     from linter.model import Model
     from linter.model.describe import describe
 
