@@ -179,7 +179,9 @@ def _execute(jobs: list[Job]) -> list[FileResult]:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    import linter.analysis  # noqa: F401  (imported once here, inherited by forked workers)
+    from linter.analysis import load
+
+    load()  # libcst, the model and the rules: imported once here, inherited by forked workers
 
     workers = min(os.cpu_count() or 1, max(1, len(jobs) // 8))
     method = "fork" if sys.platform == "linux" else None
