@@ -161,7 +161,8 @@ def _check(paths, resolver, mode, output_format, statistics, no_cache) -> int:
         from linter.cache import Cache, default_directory
 
         cache = Cache(default_directory(project.root))
-    report = runner.run(found.files, mode, cache)
+    named = frozenset(os.path.abspath(p) for p in paths if not p.is_dir())
+    report = runner.run(found.files, mode, cache, named)
     if cache is not None:
         cache.save()
     for shown, message in report.errors:

@@ -99,13 +99,17 @@ def run(
     files: Iterable[tuple[Path, Settings]],
     mode: FixMode = "none",
     cache: Cache | None = None,
+    named: frozenset[str] = frozenset(),
 ) -> Report:
-    """Lint `files` (each with its settings) and return every file's result."""
+    """Lint `files` (each with its settings) and return every file's result.
+
+    `named` holds the absolute paths the user named: a syntax error in one of them is reported
+    even when the prefilter would skip the file (found in a directory walk, it is not)."""
     report = Report()
     pending: list[_Pending] = []
     for path, settings in files:
         report.files_checked += 1
-        planned = _plan(path, settings, mode, cache)
+        planned = _plan(path, settings, mode, cache, os.path.abspath(path) in named)
         if isinstance(planned, FileResult):
             report.results.append(planned)
         else:
@@ -119,7 +123,9 @@ def run(
     return report
 
 
-def _plan(path: Path, settings: Settings, mode: FixMode, cache) -> FileResult | _Pending:
+def _plan(
+    path: Path, settings: Settings, mode: FixMode, cache, named: bool = False
+) -> FileResult | _Pending:
     """A file's result when the cache or the prefilter already knows it, else its job."""
     shown, absolute = shown_path(path), os.path.abspath(path)
     codes = settings.codes_for(path)
@@ -133,7 +139,8 @@ def _plan(path: Path, settings: Settings, mode: FixMode, cache) -> FileResult | 
         stat = os.stat(absolute)
     except OSError:
         stat = None
-    cached = cache.by_stat(absolute, stat, key, shown) if cache and stat else None
+    # A named file is read even when unchanged: the prefilter's cached "nothing" skipped its syntax.
+    cached = cache.by_stat(absolute, stat, key, shown) if cache and stat and not named else None
     if cached is not None and not _needs_fixing(cached, mode, settings.unsafe_fixes):
         return FileResult(shown, cached)
     try:
@@ -141,6 +148,8 @@ def _plan(path: Path, settings: Settings, mode: FixMode, cache) -> FileResult | 
     except SourceError as exc:
         return FileResult(shown, [_file_error(shown, str(exc))], cacheable=False)
     if not codes or not PREFILTER.search(data):
+        if named and (error := _plain_syntax_error(data, shown)) is not None:
+            return FileResult(shown, [error], cacheable=False)
         if cache and stat:
             cache.store(absolute, stat, "", cache_mod.ANY_CODES, [])
         return FileResult(shown)
@@ -244,16 +253,31 @@ def syntax_error(text: str, shown: str, failure) -> Diagnostic:
     """ACL000 worded and placed by CPython's own parser when it agrees the file is invalid
     (its messages are clearer than libcst's), else by libcst."""
     try:
-        compile(text, shown, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+        found = _cpython_syntax_error(text, shown)
+    except (ValueError, OverflowError):
+        found = None  # e.g. a null byte: fall back to libcst's account
+    if found is not None:
+        return found
+    at = Position(failure.line, failure.column)
+    return Diagnostic(PARSE_ERROR, f"SyntaxError: {failure.message}", shown, at, at)
+
+
+def _plain_syntax_error(data: bytes, shown: str) -> Diagnostic | None:
+    """ACL000 for a named file the prefilter skips, from CPython's parser alone (no libcst)."""
+    try:
+        return _cpython_syntax_error(data, shown)
+    except (ValueError, OverflowError) as error:
+        return _file_error(shown, f"SyntaxError: {error}")
+
+
+def _cpython_syntax_error(source: str | bytes, shown: str) -> Diagnostic | None:
+    try:
+        compile(source, shown, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
     except SyntaxError as error:
         start = Position(error.lineno or 1, max(0, (error.offset or 1) - 1))
         end = Position(error.end_lineno or start.line, max(0, (error.end_offset or 1) - 1))
-        end = max(start, end)
-        return Diagnostic(PARSE_ERROR, f"SyntaxError: {error.msg}", shown, start, end)
-    except (ValueError, OverflowError):
-        pass  # e.g. a null byte: fall back to libcst's account
-    at = Position(failure.line, failure.column)
-    return Diagnostic(PARSE_ERROR, f"SyntaxError: {failure.message}", shown, at, at)
+        return Diagnostic(PARSE_ERROR, f"SyntaxError: {error.msg}", shown, start, max(start, end))
+    return None
 
 
 def _file_error(shown: str, message: str) -> Diagnostic:

@@ -132,6 +132,20 @@ def test_syntax_error_is_acl000_and_the_run_continues(project, fake_rules, invok
     assert lines[1].startswith("b_train.py:4:5: ACL101")
 
 
+def test_named_file_gets_acl000_even_when_the_prefilter_would_skip_it(project, invoke):
+    (project / "util.py").write_text("def helper(:\n    pass\n")
+    for _ in range(2):  # the second run goes through the cache
+        result = invoke("--output-format", "concise", "util.py")
+        assert result.exit_code == 1
+        assert result.stdout.startswith("util.py:1:12: ACL000 SyntaxError: ")
+
+
+def test_a_walked_file_the_prefilter_skips_is_not_parsed(project, invoke):
+    (project / "util.py").write_text("def helper(:\n    pass\n")
+    result = invoke("--output-format", "concise")
+    assert result.exit_code == 0 and "ACL000" not in result.stdout
+
+
 def test_undecodable_and_missing_files_are_diagnostics(project, fake_rules, invoke):
     (project / "latin.py").write_bytes(b"x = '\xe9'  # loss.backward()\n")
     result = invoke("--output-format", "concise", "latin.py", "missing.py")
