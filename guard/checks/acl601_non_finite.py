@@ -1,11 +1,14 @@
 """ACL601: a non-finite loss or gradient about to reach the optimizer.
 
-At each real step, before any parameter changes, the total gradient norm is checked once (one
-host sync per step, nothing per micro-step); when the window was clipped, the norm the clip
-computed is reused. Under a GradScaler, inf gradients are the scaler's business (an overflow: the
-PyTorch gradient-penalty recipe produces them on purpose, and ACL603 reports a persistent
-streak), so there only a NaN loss before scaling is reported, as a warning, since the scaler
-will skip the step. That flag is recorded on the device at `scale()` and read at the step.
+At each real step, before any parameter changes, the total gradient norm is checked once (one host
+sync per step, nothing per micro-step); when the window was clipped, the norm the clip computed is
+reused. Without a scaler, each backward also folds `isfinite(loss)` into one device-side flag per
+optimizer, read together with the norm at the step: a NaN loss can leave finite gradients (a
+detached NaN term), which the norm alone misses. Under a GradScaler, inf gradients are the scaler's
+business (an overflow: the PyTorch gradient-penalty recipe produces them on purpose, and ACL603
+reports a persistent streak), so there only a NaN loss before scaling is reported, as a warning,
+since the scaler will skip the step. That flag is recorded on the device at `scale()` and read at
+the step.
 
 Option `guard.configure(nonfinite_policy="skip")` (default "raise"): instead of an error, warn,
 clear the optimizer's gradients and let the step run without them, so no parameter changes.
@@ -21,6 +24,7 @@ from guard.checks._common import report
 CODES = ("ACL601",)
 OPTIONS = {"nonfinite_policy": "raise"}
 _LOSSES, _NORM = "ACL601.losses", "ACL601.norm"
+_RAW_FINITE = "ACL601.raw_loss_finite"  # device bool: every unscaled loss since the step was finite
 
 
 def install(tracker) -> None:
@@ -37,12 +41,24 @@ def _after_scale(outputs, scaled, **_) -> None:
         scaled._guard_loss_not_nan = ~torch.isnan(outputs.detach()).any()
 
 
-def _after_backward(tensors, states, **_) -> None:
+def _after_backward(tensors, scaled_by, states, **_) -> None:
     flag = getattr(tensors[0], "_guard_loss_not_nan", None) if tensors else None
+    finite = _all_finite(tensors) if scaled_by is None and states else None
     for st in states:
         st.extra.pop(_NORM, None)  # a clip's norm is stale once more gradient arrives
         if flag is not None:
             st.extra.setdefault(_LOSSES, []).append(flag)
+        if finite is not None:
+            previous = st.extra.get(_RAW_FINITE)
+            st.extra[_RAW_FINITE] = finite if previous is None else previous & finite
+
+
+def _all_finite(tensors) -> torch.Tensor | None:
+    """One device-side bool for the backward roots (no host sync)."""
+    flags = [torch.isfinite(t.detach()).all() for t in tensors if t.is_floating_point()]
+    if not flags:
+        return None
+    return flags[0] if len(flags) == 1 else torch.stack(flags).all()
 
 
 def _after_clip(kind, states, result, **_) -> None:
@@ -53,13 +69,14 @@ def _after_clip(kind, states, result, **_) -> None:
 
 def _after_zero_grad(states, **_) -> None:
     for st in states:
-        st.extra.pop(_LOSSES, None)
-        st.extra.pop(_NORM, None)
+        for key in (_LOSSES, _NORM, _RAW_FINITE):
+            st.extra.pop(key, None)
 
 
 def _before_scaler_step(state, **_) -> None:
     flags = state.extra.pop(_LOSSES, [])
     state.extra.pop(_NORM, None)
+    state.extra.pop(_RAW_FINITE, None)
     if flags and not bool(torch.stack(flags).all()):
         bad = sum(1 for f in flags if not bool(f))
         report(
@@ -72,14 +89,15 @@ def _before_scaler_step(state, **_) -> None:
 
 
 def _before_step(optimizer, state, in_scaler_step, **_) -> None:
+    loss_finite = state.extra.pop(_RAW_FINITE, None)
     if in_scaler_step or state.scaled_pending:
         return  # the scaler's inf check runs (or ACL102 reports the bypass)
     norm = state.extra.pop(_NORM, None)
     if norm is None:
         norm = _grad_norm(optimizer)
-    if norm is None or bool(torch.isfinite(norm)):
+    what = _problem(norm, loss_finite)
+    if what is None:
         return
-    what = f"the total gradient norm is {float(norm)} (a non-finite loss or gradient)"
     if _report.option("nonfinite_policy", OPTIONS["nonfinite_policy"]) == "skip":
         _clear_gradients(optimizer)
         report("ACL601", f"{what}: gradients cleared, this step changes nothing", "warning")
@@ -90,6 +108,20 @@ def _before_step(optimizer, state, in_scaler_step, **_) -> None:
         "(torch.autograd.detect_anomaly()), skip such batches, or clip with "
         "error_if_nonfinite=True",
     )
+
+
+def _problem(norm, loss_finite) -> str | None:
+    """What is non-finite, from one host read of the combined flags; None when all is finite."""
+    flags = [
+        f for f in (None if norm is None else torch.isfinite(norm), loss_finite) if f is not None
+    ]
+    if not flags or bool(flags[0] if len(flags) == 1 else flags[0] & flags[1]):
+        return None
+    grads = "" if norm is None else f"the total gradient norm is {float(norm)}"
+    if loss_finite is None or bool(loss_finite):
+        return f"{grads} (a non-finite loss or gradient)"
+    loss = "a loss passed to backward since the last step was inf/NaN"
+    return f"{loss} and {grads}" if grads and not bool(torch.isfinite(norm)) else loss
 
 
 def _clear_gradients(optimizer) -> None:
