@@ -61,6 +61,24 @@ def scaler_stage(scaler: Any, optimizer: Any, needed_by: str) -> str | None:
     return getattr(stage, "name", None)
 
 
+def scaler_found_inf(scaler: Any, optimizers: list, needed_by: str) -> bool | None:
+    """Whether `scaler.step` found inf/NaN for any of `optimizers` (read before `update()` clears
+    the record; one host read); None if unknown or nothing was recorded."""
+    if not available("scaler_stage", needed_by):
+        return None
+    values = []
+    for optimizer in optimizers:
+        state = scaler._per_optimizer_states.get(id(optimizer))
+        found = state.get("found_inf_per_device") if isinstance(state, dict) else None
+        if isinstance(found, dict):
+            values.extend(v.reshape(-1).float() for v in found.values())
+    if not values:
+        return None
+    import torch
+
+    return bool(torch.cat([v.to(values[0].device) for v in values]).sum() > 0)
+
+
 def scaler_scale_missing(scaler: Any, needed_by: str) -> bool | None:
     """True when `scale()` was never called on `scaler` (torch asserts later); None if unknown."""
     if not available("scaler_scale", needed_by):

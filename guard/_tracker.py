@@ -21,7 +21,8 @@ Events and payloads (states are `OptState` / `ScalerState` objects documented be
 - `scaler_step_pre(scaler, optimizer, state)`, `scaler_step(scaler, optimizer, state, ran)`
   after; `ran` tells whether the inner optimizer's `step()` was called (False = skipped on inf).
 - `update_pre(scaler, sstate)`, `update(scaler, sstate, skipped, scale_before, scale_after)`;
-  `skipped` means the scale backed off, i.e. the step(s) since the last update were skipped.
+  `skipped` means the scale backed off or the scaler recorded inf/NaN (its found-inf state) for
+  the step(s) since the last update, i.e. they were skipped.
 - `clip(kind, parameters, states, via)`: before torch's `clip_grad_norm_`/`clip_grad_value_`;
   `kind` is "norm" or "value", `parameters` the materialised list actually passed on, `via`
   "torch" or "accelerate" (inside `Accelerator.clip_grad_*`). `clip_done(..., result)` after,
@@ -66,7 +67,7 @@ from typing import Any
 
 import torch
 
-from guard import _patch, _report
+from guard import _patch, _private, _report
 
 WINDOW_HISTORY = 8
 
@@ -424,15 +425,26 @@ class Tracker:
             sst = tracker.scaler_state(scaler)
             tracker.emit("update_pre", scaler=scaler, sstate=sst)
             before = scaler.get_scale() if sst.stepped else None
+            found_inf = tracker._found_inf(scaler, sst)
             result = update(scaler, new_scale)
             after = scaler.get_scale()
-            skipped = before is not None and new_scale is None and after < before
+            skipped = bool(found_inf) or (
+                before is not None and new_scale is None and after < before
+            )
             tracker._after_update(scaler, sst, skipped, before, after)
             return result
 
         for name, fn in (("scale", scale_), ("unscale_", unscale), ("step", step_)):
             _patch.patch(cls, name, fn)
         _patch.patch(cls, "update", update_)
+
+    @staticmethod
+    def _found_inf(scaler: Any, sst: ScalerState) -> bool | None:
+        """The scaler's own skip record for the optimizers stepped since the last update."""
+        optimizers = [o for o in (st.optimizer for st in sst.stepped) if o is not None]
+        if not optimizers:
+            return None
+        return _private.scaler_found_inf(scaler, optimizers, "ACL603's found-inf check")
 
     def _after_update(self, scaler, sst: ScalerState, skipped: bool, before, after) -> None:
         sst.updates += 1

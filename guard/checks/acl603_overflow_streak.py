@@ -1,7 +1,9 @@
 """ACL603: a GradScaler that keeps skipping steps (every step overflows) or whose scale collapsed.
 
 A step counts as skipped when the scale backs off at `update()`, which also catches fused
-optimizers that skip inside the kernel. Option: `guard.configure(overflow_streak=N)`.
+optimizers that skip inside the kernel, or when the scaler's own found-inf record (private state,
+read by the tracker between `step` and `update`) is non-zero, which also covers an explicit
+`update(new_scale)`. Option: `guard.configure(overflow_streak=N)`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Runtime signals the catalogue names beyond the first guard checks: the unscaled loss flag of
-ACL601 in plain loops."""
+ACL601 in plain loops and the scaler's found-inf record for ACL603."""
 
 from __future__ import annotations
 
@@ -63,3 +63,56 @@ def test_acl601_a_bad_loss_is_forgotten_after_zero_grad(guard_on):
     F.mse_loss(model(x), y).backward()
     optimizer.step()
     assert guard_on.findings() == []
+
+
+# -- ACL603: the scaler's found-inf record -------------------------------------------------------
+
+
+def _overflowing_steps(scaler, n: int, new_scale: float | None = None):
+    model, optimizer, _, x, y = _setup()
+    for _ in range(n):
+        optimizer.zero_grad()
+        loss = F.mse_loss(model(x), y) * float("inf")  # overflows at any scale
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update(new_scale)
+    return model
+
+
+def test_acl603_counts_skips_the_scale_cannot_show(guard_on):
+    """With an explicit `update(new_scale)` the scale never drops; the scaler's found-inf record
+    still shows each skipped step."""
+    guard_on.configure(overflow_streak=4)
+    scaler = torch.amp.GradScaler("cpu")
+    with pytest.raises(guard_on.GuardError) as info:
+        _overflowing_steps(scaler, 6, new_scale=1024.0)
+    assert info.value.code == "ACL603"
+    assert "4 optimizer steps in a row" in str(info.value)
+    assert scaler.get_scale() == 1024.0
+
+
+def test_acl603_found_inf_without_private_state_degrades_to_the_scale_drop(guard_on, monkeypatch):
+    from guard import _private
+
+    _private.probe()
+    monkeypatch.setitem(_private.FEATURES, "scaler_stage", False)
+    guard_on.configure(overflow_streak=4)
+    _overflowing_steps(torch.amp.GradScaler("cpu"), 6, new_scale=1024.0)  # invisible: no raise
+    with pytest.raises(guard_on.GuardError) as info:
+        _overflowing_steps(torch.amp.GradScaler("cpu"), 6)  # the scale drop still counts
+    assert info.value.code == "ACL603"
+    _private.reset_warnings()
+
+
+def test_acl603_finite_fp16_steps_are_not_skips(guard_on):
+    guard_on.configure(overflow_streak=1)
+    model, optimizer, _, x, y = _setup()
+    scaler = torch.amp.GradScaler("cpu")
+    before = _params(model)
+    for _ in range(4):
+        optimizer.zero_grad()
+        scaler.scale(F.mse_loss(model(x), y)).backward()
+        scaler.step(optimizer)
+        scaler.update(65536.0)
+    assert guard_on.findings() == []
+    assert not _same(before, _params(model))
