@@ -2,13 +2,13 @@
 
 At each real step, before any parameter changes, the total gradient norm is checked once (one host
 sync per step, nothing per micro-step); when the window was clipped, the norm the clip computed is
-reused. Without a scaler, each backward also folds `isfinite(loss)` into one device-side flag per
-optimizer, read together with the norm at the step: a NaN loss can leave finite gradients (a
-detached NaN term), which the norm alone misses. Under a GradScaler, inf gradients are the scaler's
-business (an overflow: the PyTorch gradient-penalty recipe produces them on purpose, and ACL603
-reports a persistent streak), so there only a NaN loss before scaling is reported, as a warning,
-since the scaler will skip the step. That flag is recorded on the device at `scale()` and read at
-the step.
+reused. Without a scaler, each backward also keeps a detached reference to its loss (no kernel per
+micro-step); at the step one `isfinite` over all of them is read together with the norm: a NaN loss
+can leave finite gradients (a detached NaN term), which the norm alone misses.
+Under a GradScaler, inf gradients are the scaler's business (an overflow: the PyTorch
+gradient-penalty recipe produces them on purpose, and ACL603 reports a persistent streak), so
+there only a NaN loss before scaling is reported, as a warning, since the scaler will skip the
+step. That flag is recorded on the device at `scale()` and read at the step.
 
 Option `guard.configure(nonfinite_policy="skip")` (default "raise"): instead of an error, warn,
 clear the optimizer's gradients and let the step run without them, so no parameter changes.
@@ -24,7 +24,7 @@ from guard.checks._common import report
 CODES = ("ACL601",)
 OPTIONS = {"nonfinite_policy": "raise"}
 _LOSSES, _NORM = "ACL601.losses", "ACL601.norm"
-_RAW_FINITE = "ACL601.raw_loss_finite"  # device bool: every unscaled loss since the step was finite
+_RAW_LOSSES = "ACL601.raw_losses"  # detached unscaled losses since the last step
 
 
 def install(tracker) -> None:
@@ -43,22 +43,20 @@ def _after_scale(outputs, scaled, **_) -> None:
 
 def _after_backward(tensors, scaled_by, states, **_) -> None:
     flag = getattr(tensors[0], "_guard_loss_not_nan", None) if tensors else None
-    finite = _all_finite(tensors) if scaled_by is None and states else None
+    raw = [t.detach() for t in tensors if t.is_floating_point()] if scaled_by is None else []
     for st in states:
         st.extra.pop(_NORM, None)  # a clip's norm is stale once more gradient arrives
         if flag is not None:
             st.extra.setdefault(_LOSSES, []).append(flag)
-        if finite is not None:
-            previous = st.extra.get(_RAW_FINITE)
-            st.extra[_RAW_FINITE] = finite if previous is None else previous & finite
+        if raw:
+            st.extra.setdefault(_RAW_LOSSES, []).extend(raw)
 
 
-def _all_finite(tensors) -> torch.Tensor | None:
-    """One device-side bool for the backward roots (no host sync)."""
-    flags = [torch.isfinite(t.detach()).all() for t in tensors if t.is_floating_point()]
-    if not flags:
+def _all_finite(losses: list[torch.Tensor] | None) -> torch.Tensor | None:
+    """One device-side bool for every loss of the window (three kernels per step, no host sync)."""
+    if not losses:
         return None
-    return flags[0] if len(flags) == 1 else torch.stack(flags).all()
+    return torch.isfinite(torch.cat([loss.reshape(-1).float() for loss in losses])).all()
 
 
 def _after_clip(kind, states, result, **_) -> None:
@@ -69,14 +67,14 @@ def _after_clip(kind, states, result, **_) -> None:
 
 def _after_zero_grad(states, **_) -> None:
     for st in states:
-        for key in (_LOSSES, _NORM, _RAW_FINITE):
+        for key in (_LOSSES, _NORM, _RAW_LOSSES):
             st.extra.pop(key, None)
 
 
 def _before_scaler_step(state, **_) -> None:
     flags = state.extra.pop(_LOSSES, [])
     state.extra.pop(_NORM, None)
-    state.extra.pop(_RAW_FINITE, None)
+    state.extra.pop(_RAW_LOSSES, None)
     if flags and not bool(torch.stack(flags).all()):
         bad = sum(1 for f in flags if not bool(f))
         report(
@@ -89,9 +87,10 @@ def _before_scaler_step(state, **_) -> None:
 
 
 def _before_step(optimizer, state, in_scaler_step, **_) -> None:
-    loss_finite = state.extra.pop(_RAW_FINITE, None)
+    losses = state.extra.pop(_RAW_LOSSES, None)
     if in_scaler_step or state.scaled_pending:
         return  # the scaler's inf check runs (or ACL102 reports the bypass)
+    loss_finite = _all_finite(losses)
     norm = state.extra.pop(_NORM, None)
     if norm is None:
         norm = _grad_norm(optimizer)
