@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from _mlp import make_model  # bench/ is on sys.path when a bench script runs
 from torch.utils.data import DataLoader, TensorDataset
 
 import guard
@@ -45,17 +46,6 @@ import guard
 N = 4
 VARIANTS = ("plain", "engine", "accelerate")
 WARM_UP_WINDOWS = 8
-
-
-def make_model(width: int) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(width, width),
-        torch.nn.ReLU(),
-        torch.nn.Linear(width, width),
-        torch.nn.ReLU(),
-        torch.nn.Linear(width, 10),
-    )
 
 
 def make_loader(width: int, batches: int, batch_size: int) -> DataLoader:

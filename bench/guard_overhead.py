@@ -24,21 +24,11 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from _mlp import make_model  # bench/ is on sys.path when a bench script runs
 
 import guard
 
 N = 4
-
-
-def make_model(width: int) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(width, width),
-        torch.nn.ReLU(),
-        torch.nn.Linear(width, width),
-        torch.nn.ReLU(),
-        torch.nn.Linear(width, 10),
-    )
 
 
 def make_batches(width: int, count: int, batch_size: int) -> list[tuple[torch.Tensor, ...]]:
