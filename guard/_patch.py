@@ -41,6 +41,10 @@ def restore_all() -> None:
             setattr(owner, attribute, original)
 
 
+def active() -> bool:
+    return bool(_patches or _handles)
+
+
 def wraps_original(original: Callable) -> Callable[[Callable], Callable]:
     """functools.wraps that also records the original under `__guard_original__`."""
     import functools
