@@ -32,9 +32,25 @@ def explain_markdown(code: str) -> str:
         f"{rule.summary}\n\n"
         f"- Severity: {rule.severity}\n"
         f"- {FIX_SAFETY[rule.fix]}\n"
-        f"- Detected by: {static} (runtime coverage: {rule.runtime})\n\n"
+        f"- Detected by: {static} (runtime coverage: {rule.runtime})\n"
+        f"{_guard_line(rule)}\n"
         f"{rule.docs.strip()}\n"
     )
+
+
+GUARD_LEVEL_TEXT = {
+    ("error",): "raises `guard.GuardError` (ACCEL_GUARD=raise, the default) or warns (warn mode)",
+    ("warning",): "warns, never raises in any mode",
+    ("error", "warning"): "raises where the damage is certain, warns where it may be intended "
+    "(see the runtime signal)",
+}
+
+
+def _guard_line(rule: Rule) -> str:
+    levels = rule.runtime_levels
+    if not levels:
+        return "- Runtime guard: not detectable at runtime\n"
+    return f"- Runtime guard: {GUARD_LEVEL_TEXT[levels]}\n"
 
 
 COLUMNS = ("code", "name", "fix", "static", "runtime", "summary")

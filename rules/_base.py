@@ -11,6 +11,7 @@ from typing import Literal
 Severity = Literal["error", "warning", "info"]
 FixSafety = Literal["safe", "unsafe", "none", "safe-when-trailing"]
 RuntimeCoverage = Literal["full", "partial", "heuristic", "warning", "none"]
+GuardLevel = Literal["error", "warning"]
 
 
 @dataclass(frozen=True)
@@ -25,3 +26,13 @@ class Rule:
     runtime: RuntimeCoverage  # how the guard covers it
     static: bool  # whether the linter has a static check for it
     docs: str  # markdown: What it does / Why is this bad? / Example / Use instead / Fix safety
+    # How the runtime guard reports it: "error" raises `GuardError` in ACCEL_GUARD=raise mode,
+    # "warning" never raises. Empty = the static severity. Several = it depends on the case.
+    guard_levels: tuple[GuardLevel, ...] = ()
+
+    @property
+    def runtime_levels(self) -> tuple[str, ...]:
+        """The levels the guard may report this code with (see `guard_levels`)."""
+        if self.runtime == "none":
+            return ()
+        return self.guard_levels or (self.severity,)

@@ -10,6 +10,7 @@ RULE = Rule(
     fix="unsafe",
     runtime="full",
     static=False,
+    guard_levels=("error", "warning"),
     docs="""\
 ## What it does
 Flags an enabled `GradScaler(...)` in a module that trains in bf16 (a bf16 autocast,

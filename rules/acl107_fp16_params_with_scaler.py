@@ -10,6 +10,7 @@ RULE = Rule(
     fix="none",
     runtime="full",
     static=False,
+    guard_levels=("error", "warning"),
     docs="""\
 ## What it does
 Flags `.half()`, `.to(torch.float16)`, `.to(dtype=torch.float16)` or `torch_dtype=torch.float16` on

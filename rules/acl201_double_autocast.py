@@ -11,6 +11,7 @@ RULE = Rule(
     fix="unsafe",
     runtime="partial",
     static=True,
+    guard_levels=("warning",),
     docs="""\
 ## What it does
 Flags a `torch.autocast(...)` / `torch.amp.autocast(...)` / `torch.cuda.amp.autocast(...)` region

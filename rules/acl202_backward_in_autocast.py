@@ -10,6 +10,7 @@ RULE = Rule(
     fix="safe-when-trailing",
     runtime="full",
     static=False,
+    guard_levels=("error", "warning"),
     docs="""\
 ## What it does
 Flags `.backward(...)`, `torch.autograd.backward(...)`, `accelerator.backward(...)` or

@@ -10,6 +10,7 @@ RULE = Rule(
     fix="none",
     runtime="full",
     static=False,
+    guard_levels=("warning",),
     docs="""\
 ## What it does
 Flags a user autocast whose dtype (explicit, or the device default: fp16 on CUDA, bf16 on CPU)

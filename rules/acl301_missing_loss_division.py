@@ -10,6 +10,7 @@ RULE = Rule(
     fix="safe",
     runtime="heuristic",
     static=True,
+    guard_levels=("warning",),
     docs="""\
 ## What it does
 Flags `X.backward()` or `scaler.scale(X).backward()` in a loop whose `opt.step()` is gated by

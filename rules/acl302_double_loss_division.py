@@ -10,6 +10,7 @@ RULE = Rule(
     fix="safe",
     runtime="heuristic",
     static=False,
+    guard_levels=("warning",),
     docs="""\
 ## What it does
 Flags the argument of `accelerator.backward`, `engine.backward` or a DeepSpeed engine's

@@ -10,6 +10,7 @@ RULE = Rule(
     fix="none",
     runtime="heuristic",
     static=False,
+    guard_levels=("warning",),
     docs="""\
 ## What it does
 Flags a scheduler whose length expression contains `len(X)`, X having been returned by `prepare`

@@ -10,6 +10,7 @@ RULE = Rule(
     fix="safe",
     runtime="partial",
     static=False,
+    guard_levels=("warning",),
     docs="""\
 ## What it does
 Flags a loss divided by `world_size`, `dist.get_world_size()`, `accelerator.num_processes`,

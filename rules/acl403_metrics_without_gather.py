@@ -10,6 +10,7 @@ RULE = Rule(
     fix="safe",
     runtime="full",
     static=False,
+    guard_levels=("warning",),
     docs="""\
 ## What it does
 Flags `accelerator.gather(` in a loop over an evaluation loader (named like `eval`, `val`,

@@ -10,6 +10,7 @@ RULE = Rule(
     fix="none",
     runtime="partial",
     static=False,
+    guard_levels=("error", "warning"),
     docs="""\
 ## What it does
 Flags model calls in a loop over a loader named like `val` / `eval` / `valid` / `test`, or in a

@@ -10,6 +10,7 @@ RULE = Rule(
     fix="none",
     runtime="full",
     static=False,
+    guard_levels=("error", "warning"),
     docs="""\
 ## What it does
 Runtime only; the linter has no static check. The guard checks that each loss given to

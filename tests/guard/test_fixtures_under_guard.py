@@ -20,6 +20,8 @@ if str(TESTS.parent) not in sys.path:
     sys.path.append(str(TESTS.parent))
 from fixturelib import fixture_scripts, read_expectations, run_fixture  # noqa: E402
 
+from rules import ALL_RULES  # noqa: E402
+
 # Issue #4: every catalogue section with a "Runtime signal" the guard implements.
 RUNTIME_CODES = frozenset(
     "ACL101 ACL102 ACL103 ACL104 ACL105 ACL106 ACL107 ACL108 ACL201 ACL202 ACL204 ACL301 "
@@ -52,6 +54,12 @@ def test_fixture_under_guard(script: Path) -> None:
         assert result.ok, f"{_id(script)} failed under the guard:\n{result.error}"
         assert not result.findings, f"false alarm on {_id(script)}:\n{_summary(result.findings)}"
         return
+    for finding in result.findings:
+        allowed = ALL_RULES[finding["code"]].runtime_levels
+        assert finding["level"] in allowed, (
+            f"{_id(script)}: {finding['code']} reported as {finding['level']}, while the rule "
+            f"table (rules/, --explain) says the guard reports it as {' or '.join(allowed)}"
+        )
     # A bad fixture may still crash after the guard warned (warn mode lets torch fail as usual).
     missing = expected - {f["code"] for f in result.findings}
     assert not missing, (

@@ -205,6 +205,20 @@ def test_explain_and_list_rules(invoke):
     assert explained.stdout.startswith("# ACL101 (raw-backward)\n")
     assert ALL_RULES["ACL101"].docs.strip() in explained.stdout
     assert invoke("--explain", "ACL999").exit_code == 2
+    runtime_lines = {
+        code: next(
+            line for line in invoke("--explain", code).stdout.splitlines() if "guard:" in line
+        )
+        for code in ("ACL101", "ACL106", "ACL601", "ACL311")
+    }
+    assert runtime_lines == {
+        "ACL101": "- Runtime guard: raises `guard.GuardError` (ACCEL_GUARD=raise, the default) "
+        "or warns (warn mode)",
+        "ACL106": "- Runtime guard: warns, never raises in any mode",
+        "ACL601": "- Runtime guard: raises where the damage is certain, warns where it may be "
+        "intended (see the runtime signal)",
+        "ACL311": "- Runtime guard: not detectable at runtime",
+    }
     listed = invoke("--list-rules").stdout.splitlines()
     assert listed[0].split() == ["code", "name", "fix", "static", "runtime", "summary"]
     assert [line.split()[0] for line in listed[1:]] == list(ALL_RULES)
