@@ -87,7 +87,8 @@ def test_acl103_names_the_previous_step_instead_of_torchs_error(guard_on):
     scaler.scale(F.mse_loss(model(x), y)).backward()
     scaler.step(optimizer)  # previous step, no update
     optimizer.zero_grad()
-    scaler.scale(F.mse_loss(model(x), y)).backward()
+    with pytest.raises(guard_on.GuardError, match="starts a new iteration"):
+        scaler.scale(F.mse_loss(model(x), y)).backward()  # ACL103's earlier signal
     before = _params(model)
     with pytest.raises(guard_on.GuardError) as info:
         scaler.step(optimizer)
