@@ -1,32 +1,108 @@
 """ACL106: a backward through an fp16 autocast forward with no GradScaler.
 
-Gradients below fp16's smallest subnormal (about 6e-8) flush to zero without any error. The
-check looks at the autocast regions entered with gradients enabled since the previous backward.
+Gradients below fp16's smallest subnormal (about 6e-8) flush to zero without any error. Only a
+forward whose fp16 outputs are part of the backward's graph matters: a frozen fp16 teacher (its
+outputs carry no graph) or an fp16 evaluation that is never backpropagated is not fp16 training.
+So while an fp16 autocast region is open, a global module forward hook tags the autograd node of
+every fp16 module output that records a graph; an unscaled backward reports when its graph
+reaches a tagged node. The walk over the graph runs only when something was tagged since the
+previous backward, and stops at the first tagged node. Forwards that call no `nn.Module` inside
+the region (purely functional code) are not seen.
 """
 
 from __future__ import annotations
 
 import torch
 
+from guard import _patch
 from guard.checks._common import report
 
 CODES = ("ACL106",)
+_TAG = "accel_guard.fp16_forward"
+
+
+class _Fp16Forwards:
+    """The forward hook (installed while an fp16 region is open) and what it tagged."""
+
+    def __init__(self, tracker) -> None:
+        self.tracker = tracker
+        self.hook = None
+        self.tagged = 0  # fp16 graph-recording module outputs tagged since the last backward
+
+    def region_entered(self, dtype, enabled, **_) -> None:
+        if enabled and dtype == torch.float16 and self.hook is None:
+            register = torch.nn.modules.module.register_module_forward_hook
+            self.hook = register(self._after_forward)
+
+    def region_left(self, **_) -> None:
+        if not any(f.enabled and f.dtype == torch.float16 for f in self.tracker.autocast_stack):
+            self.remove()
+
+    def remove(self) -> None:
+        """Drop the hook (also called by `guard.uninstall()` through `_patch.track`)."""
+        if self.hook is not None:
+            self.hook.remove()
+            self.hook = None
+
+    def _after_forward(self, _module, _args, output) -> None:
+        for t in _tensors(output):
+            if t.dtype == torch.float16 and t.grad_fn is not None:
+                t.grad_fn.metadata[_TAG] = self._region_location()
+                self.tagged += 1
+
+    def _region_location(self) -> str | None:
+        """Where the innermost open fp16 region was entered (the user's `with` line)."""
+        for frame in reversed(self.tracker.autocast_stack):
+            if frame.enabled and frame.dtype == torch.float16:
+                return frame.location
+        return None
+
+    def before_backward(self, tensors, scaled_by, via, **_) -> None:
+        tagged, self.tagged = self.tagged, 0
+        if not tagged or scaled_by is not None or via == "engine":
+            return
+        found, region = _find_tag([t.grad_fn for t in tensors])
+        if found:
+            report(
+                "ACL106",
+                f"backward through a forward that ran under fp16 autocast ({region or '?'}) "
+                "without a GradScaler: gradients below ~6e-8 become zero; use "
+                "dtype=torch.bfloat16, or keep fp16 and use scaler.scale(loss).backward() with "
+                "scaler.step/update",
+                "warning",
+            )
 
 
 def install(tracker) -> None:
-    tracker.subscribe("backward_pre", lambda **kw: _before_backward(tracker, **kw))
+    forwards = _patch.track(_Fp16Forwards(tracker))
+    tracker.subscribe("autocast_enter", forwards.region_entered)
+    tracker.subscribe("autocast_exit", forwards.region_left)
+    tracker.subscribe("backward_pre", forwards.before_backward)
 
 
-def _before_backward(tracker, scaled_by, via, **_) -> None:
-    if not tracker.regions_since_backward or scaled_by is not None or via == "engine":
-        return
-    fp16 = [f for f in tracker.regions_since_backward if f.dtype == torch.float16]
-    if not fp16:
-        return
-    report(
-        "ACL106",
-        f"backward of a loss whose forward ran under fp16 autocast ({fp16[0].location}) without "
-        "a GradScaler: gradients below ~6e-8 become zero; use dtype=torch.bfloat16, or keep "
-        "fp16 and use scaler.scale(loss).backward() with scaler.step/update",
-        "warning",
-    )
+def _tensors(output) -> list[torch.Tensor]:
+    """The tensors a module returned: itself, or the items of a tuple, list or dict (one level)."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, dict):
+        output = list(output.values())
+    if not isinstance(output, (list, tuple)):
+        return []
+    return [t for t in output if isinstance(t, torch.Tensor)]
+
+
+def _find_tag(roots: list) -> tuple[bool, str | None]:
+    """Whether a tagged node lies in the graph below `roots` (depth-first, each node once), and
+    the region location it was tagged with."""
+    seen: set = set()
+    stack = [node for node in roots if node is not None]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        metadata = node.metadata
+        if _TAG in metadata:
+            return True, metadata[_TAG]
+        stack.extend(child for child, _ in node.next_functions if child is not None)
+    return False, None

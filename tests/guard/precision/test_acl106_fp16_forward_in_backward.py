@@ -1,0 +1,105 @@
+"""ACL106 judges the backward, not the autocast region: only an fp16 forward whose graph the
+unscaled backward runs through is fp16 training without a scaler."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+HERE = "test_acl106_fp16_forward_in_backward.py:"
+
+
+def _student_and_teacher():
+    torch.manual_seed(0)
+    student = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    teacher = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4)).requires_grad_(False)
+    optimizer = torch.optim.SGD(student.parameters(), lr=0.1)
+    return student, teacher, optimizer, torch.randn(16, 8)
+
+
+def _params(model: nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _distill(student, teacher, optimizer, x, student_dtype=None, steps: int = 3) -> None:
+    """Distillation steps: the frozen teacher under fp16 autocast with grad mode on."""
+    for _ in range(steps):
+        with torch.autocast("cpu", dtype=torch.float16):
+            soft = teacher(x)
+        assert soft.dtype == torch.float16 and soft.grad_fn is None
+        dtype, enabled = student_dtype or torch.float32, student_dtype is not None
+        with torch.autocast("cpu", dtype=dtype, enabled=enabled):
+            logits = student(x)
+        loss = F.kl_div(logits.float().log_softmax(-1), soft.float().softmax(-1), reduction="sum")
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def test_fp16_training_without_scaler_is_reported_at_the_backward(guard_on):
+    student, _, optimizer, x = _student_and_teacher()
+    before = _params(student)
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = student(x).float().square().mean()
+    loss.backward()
+    (finding,) = guard_on.findings()  # reported before any optimizer step
+    assert (finding.code, finding.level) == ("ACL106", "warning")
+    assert HERE in finding.location
+    assert HERE in finding.message  # names the autocast region
+    optimizer.step()  # a warning: the loop goes on in raise mode
+    assert not all(torch.equal(a, b) for a, b in zip(before, _params(student), strict=True))
+
+
+def test_frozen_fp16_teacher_with_fp32_student_is_silent(guard_on):
+    student, teacher, optimizer, x = _student_and_teacher()
+    _distill(student, teacher, optimizer, x)
+    assert guard_on.findings() == []
+
+
+def test_frozen_fp16_teacher_with_bf16_student_is_silent(guard_on):
+    student, teacher, optimizer, x = _student_and_teacher()
+    reference, ref_teacher, ref_opt, _ = _student_and_teacher()
+    guard_on.configure(mode="off")
+    _distill(reference, ref_teacher, ref_opt, x, torch.bfloat16)
+    guard_on.configure(mode="raise")
+    _distill(student, teacher, optimizer, x, torch.bfloat16)
+    assert guard_on.findings() == []
+    assert all(torch.equal(a, b) for a, b in zip(_params(student), _params(reference), strict=True))
+
+
+def test_fp16_evaluation_with_grad_enabled_but_never_backpropagated_is_silent(guard_on):
+    student, _, optimizer, x = _student_and_teacher()
+    for _ in range(2):
+        with torch.autocast("cpu", dtype=torch.float16):
+            val = student(x)  # grad mode on: a graph is recorded, never used
+        assert val.dtype == torch.float16 and val.grad_fn is not None
+        optimizer.zero_grad()
+        student(x).square().mean().backward()  # fp32 training
+        optimizer.step()
+    assert guard_on.findings() == []
+
+
+def test_gradient_through_a_frozen_fp16_network_is_reported(guard_on):
+    """A frozen fp16 critic fed the student's output (a perceptual loss): the student's gradient
+    flows back through fp16 activations, so it can underflow."""
+    student, teacher, optimizer, x = _student_and_teacher()
+    critic = nn.Linear(4, 1).requires_grad_(False)
+    out = student(x)
+    with torch.autocast("cpu", dtype=torch.float16):
+        score = critic(out)
+    score.float().mean().backward()
+    assert [f.code for f in guard_on.findings()] == ["ACL106"]
+
+
+def test_fp16_training_with_a_grad_scaler_is_silent(guard_on):
+    student, _, optimizer, x = _student_and_teacher()
+    scaler = torch.amp.GradScaler("cpu")
+    for _ in range(2):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = student(x).float().square().mean()
+        optimizer.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    assert guard_on.findings() == []
