@@ -7,10 +7,14 @@ optimizers only really zero on sync steps, so there the discard is reported at o
 loops a single discard before the first step is allowed (a sanity-check backward followed by
 zero_grad); the second one, or any after training started, raises before the window is lost.
 `model.zero_grad()` on a model in eval mode clears evaluation-time gradients (saliency maps),
-not a training window, and is left alone.
+not a training window, and is left alone. So is dropping gradients that hold inf/NaN (`backward();
+if not finite: zero_grad(); continue`): throwing away a poisoned window is deliberate. That costs
+one gradient norm (a host sync), only at a zero_grad that would otherwise be reported.
 """
 
 from __future__ import annotations
+
+import torch
 
 from guard.checks._common import report
 
@@ -29,7 +33,7 @@ def install(tracker) -> None:
         if getattr(owner, "training", True) is False:
             return  # a module in eval mode: gradients of an evaluation (saliency), not a window
         for st in states:
-            if st.contrib_backwards and _is_discard(st):
+            if st.contrib_backwards and _finite_grads(st.optimizer) and _is_discard(st):
                 _report(owner, st)
                 return
 
@@ -43,6 +47,16 @@ def _is_discard(st) -> bool:
     seen = st.extra.get("ACL304_discards", 0)
     st.extra["ACL304_discards"] = seen + 1
     return seen > 0
+
+
+def _finite_grads(optimizer) -> bool:
+    """Whether the gradients about to be zeroed are all finite (one host read)."""
+    groups = optimizer.param_groups if optimizer is not None else []
+    grads = [p.grad for g in groups for p in g["params"] if p.grad is not None]
+    if not grads:
+        return True
+    norm = torch.nn.utils.get_total_norm(grads, error_if_nonfinite=False)
+    return bool(torch.isfinite(norm))
 
 
 def _report(owner, st) -> None:
