@@ -8,23 +8,39 @@ can leave finite gradients (a detached NaN term), which the norm alone misses.
 Under a GradScaler, inf gradients are the scaler's business (an overflow: the PyTorch
 gradient-penalty recipe produces them on purpose, and ACL603 reports a persistent streak), so
 there only a NaN loss before scaling is reported, as a warning, since the scaler will skip the
-step. That flag is recorded on the device at `scale()` and read at the step.
+step. That flag is recorded on the device at `scale()` and read at the step. A loss scaled while
+an earlier scaled loss of the same scaler went to `torch.autograd.grad` instead of backward, and
+that contains the earlier loss (the gradient-penalty recipe: loss + a penalty built from scaled
+gradients), is judged by the earlier loss: a NaN that enters only through the scaled gradients
+is an overflow, which the scaler skips.
 
-Option `guard.configure(nonfinite_policy="skip")` (default "raise"): instead of an error, warn,
+Options: `guard.configure(nonfinite_policy="skip")` (default "raise"): instead of an error, warn,
 clear the optimizer's gradients and let the step run without them, so no parameter changes.
+`guard.configure(anomaly=1)` or ACCEL_GUARD_ANOMALY=1: from the first ACL601 finding on, autograd's
+anomaly mode is on (`torch.autograd.set_detect_anomaly(True)`), so the next backward that produces
+a NaN fails naming its backward function and printing the forward line that created it. The guard
+does not own the batch, so it cannot re-run the offending one; it needs a later occurrence (warn
+mode, the skip policy, or a caught GuardError). Anomaly mode is slow, and under a GradScaler an
+ordinary overflow that turns into NaN inside the backward then fails too; `guard.uninstall()`
+turns it off again.
 """
 
 from __future__ import annotations
 
+import weakref
+from collections import deque
+
 import torch
 
-from guard import _report
+from guard import _patch, _report
 from guard.checks._common import report
 
 CODES = ("ACL601",)
-OPTIONS = {"nonfinite_policy": "raise"}
+OPTIONS = {"nonfinite_policy": "raise", "anomaly": 0}
 _LOSSES, _NORM = "ACL601.losses", "ACL601.norm"
 _RAW_LOSSES = "ACL601.raw_losses"  # detached unscaled losses since the last step
+# scaler -> (loss node, not-NaN flag) of a scaled loss that no backward has consumed yet
+_UNCONSUMED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def install(tracker) -> None:
@@ -36,12 +52,38 @@ def install(tracker) -> None:
     tracker.subscribe("zero_grad", _after_zero_grad)
 
 
-def _after_scale(outputs, scaled, **_) -> None:
-    if isinstance(outputs, torch.Tensor) and isinstance(scaled, torch.Tensor):
-        scaled._guard_loss_not_nan = ~torch.isnan(outputs.detach()).any()
+def _after_scale(scaler, outputs, scaled, **_) -> None:
+    if not (isinstance(outputs, torch.Tensor) and isinstance(scaled, torch.Tensor)):
+        return
+    earlier = _UNCONSUMED.pop(scaler, None)
+    if earlier is not None and _contains(outputs, earlier[0]):
+        scaled._guard_loss_not_nan = earlier[1]  # NaN from the scaled gradients: an overflow
+        return
+    flag = ~torch.isnan(outputs.detach()).any()
+    scaled._guard_loss_not_nan = flag
+    _UNCONSUMED[scaler] = (outputs.grad_fn, flag)
+
+
+def _contains(loss: torch.Tensor, node) -> bool:
+    """Whether `node` is in the graph of `loss` (breadth-first: a penalty's loss sits near the
+    root, its gradient graph lies deeper)."""
+    if node is None or loss.grad_fn is None:
+        return False
+    seen, queue = set(), deque([loss.grad_fn])
+    while queue:
+        current = queue.popleft()
+        if current is node:
+            return True
+        if current in seen:
+            continue
+        seen.add(current)
+        queue.extend(child for child, _ in current.next_functions if child is not None)
+    return False
 
 
 def _after_backward(tensors, scaled_by, states, **_) -> None:
+    if scaled_by is not None:
+        _UNCONSUMED.pop(scaled_by, None)
     flag = getattr(tensors[0], "_guard_loss_not_nan", None) if tensors else None
     raw = [t.detach() for t in tensors if t.is_floating_point()] if scaled_by is None else []
     for st in states:
@@ -81,7 +123,7 @@ def _before_scaler_step(state, **_) -> None:
             "ACL601",
             f"{bad} of {len(flags)} loss(es) since the last step were NaN before loss scaling: "
             "that is a bug in the loss, not an fp16 overflow (the scaler will skip the step); "
-            "find the source with torch.autograd.detect_anomaly()",
+            + _find_the_source(),
             "warning",
         )
 
@@ -99,14 +141,47 @@ def _before_step(optimizer, state, in_scaler_step, **_) -> None:
         return
     if _report.option("nonfinite_policy", OPTIONS["nonfinite_policy"]) == "skip":
         _clear_gradients(optimizer)
-        report("ACL601", f"{what}: gradients cleared, this step changes nothing", "warning")
+        report(
+            "ACL601",
+            f"{what}: gradients cleared, this step changes nothing; {_find_the_source()}",
+            "warning",
+        )
         return
     report(
         "ACL601",
-        f"{what}: this step would write inf/NaN into every weight it updates; find the source "
-        "(torch.autograd.detect_anomaly()), skip such batches, or clip with "
-        "error_if_nonfinite=True",
+        f"{what}: this step would write inf/NaN into every weight it updates; skip such batches "
+        f"or clip with error_if_nonfinite=True; {_find_the_source()}",
     )
+
+
+def _find_the_source() -> str:
+    """Advice on finding where the NaN comes from (arming anomaly mode when the option asks)."""
+    if _arm_anomaly_mode():
+        return (
+            "autograd's anomaly mode is on from now: the next backward that produces NaN fails "
+            "naming the operation"
+        )
+    return (
+        "to name the operation, run with ACCEL_GUARD_ANOMALY=1 (autograd's anomaly mode from "
+        "the first finding on)"
+    )
+
+
+def _arm_anomaly_mode() -> bool:
+    """With option anomaly=1, turn autograd's anomaly mode on; whether the option is on."""
+    if not _report.option("anomaly", OPTIONS["anomaly"]) or not _report.enabled("ACL601"):
+        return False
+    if not torch.is_anomaly_enabled():
+        torch.autograd.set_detect_anomaly(True)
+        _patch.track(_AnomalyModeOff())
+    return True
+
+
+class _AnomalyModeOff:
+    """Turns autograd's anomaly mode off again at `guard.uninstall()` (a tracked 'handle')."""
+
+    def remove(self) -> None:
+        torch.autograd.set_detect_anomaly(False)
 
 
 def _problem(norm, loss_finite) -> str | None:
