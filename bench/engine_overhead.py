@@ -41,8 +41,6 @@ import torch.nn.functional as F
 from _mlp import make_model  # bench/ is on sys.path when a bench script runs
 from torch.utils.data import DataLoader, TensorDataset
 
-import guard
-
 N = 4
 VARIANTS = ("plain", "engine", "accelerate")
 WARM_UP_WINDOWS = 8
@@ -104,23 +102,33 @@ def accelerate_windows(width: int, loader: DataLoader, precision: str) -> Iterat
     return prepared_windows(accelerator, width, loader)
 
 
-def measure(
-    runners: dict[str, Iterator[None]], rounds: int, clock: Callable[[], float]
-) -> dict[str, list[float]]:
-    """Seconds per micro-step of each runner, one window each per round in a shuffled order."""
+def window_timer(windows: Iterator[None], clock: Callable[[], float]) -> Callable[[], float]:
+    """A runner for `measure`: runs the next window of `windows`, returns its seconds."""
+
+    def run() -> float:
+        start = clock()
+        next(windows)
+        return clock() - start
+
+    return run
+
+
+def measure(runners: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """Seconds per micro-step of each runner, one window each per round in a shuffled order.
+
+    A runner runs one window of N micro-steps and returns the seconds it took.
+    """
     samples: dict[str, list[float]] = {name: [] for name in runners}
     order = list(runners)
     for _ in range(WARM_UP_WINDOWS):  # allocator, autocast caches, first-call paths
         for runner in runners.values():
-            next(runner)
+            runner()
     gc.collect()
     gc.freeze()  # later full collections skip the long-lived objects: short, rare pauses
     for _ in range(rounds):
         random.shuffle(order)
         for name in order:
-            start = clock()
-            next(runners[name])
-            samples[name].append((clock() - start) / N)
+            samples[name].append(runners[name]() / N)
     return samples
 
 
@@ -156,6 +164,8 @@ def keep_freed_memory() -> None:
 
 
 def main() -> None:
+    import guard  # here, not at the top: guard_overhead's unguarded worker imports these helpers
+
     keep_freed_memory()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--width", type=int, default=512)
@@ -198,7 +208,8 @@ def main() -> None:
             "engine": prepared_windows(engine, args.width, loader),
             "accelerate": accelerate_windows(args.width, loader, precision),
         }
-        report("fp32" if precision == "no" else precision, measure(runners, args.rounds, clock))
+        timers = {name: window_timer(windows, clock) for name, windows in runners.items()}
+        report("fp32" if precision == "no" else precision, measure(timers, args.rounds))
 
 
 if __name__ == "__main__":

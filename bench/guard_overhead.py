@@ -1,134 +1,208 @@
-"""Cost of the guard's runtime checks, measured in one run.
+"""Cost of the guard's runtime checks: a plain loop without and with them, and guard.Engine.
 
 Three variants train the same MLP (width 512 by default, CPU, fp32, 4-step accumulation with
-loss / 4, gradient clipping at the step, AdamW):
+loss / 4, gradient clipping at the step, AdamW, batches from a DataLoader):
 
-    plain         a hand-written loop, guard not installed
+    plain         a hand-written loop; its process never imports guard
     plain+guard   the same loop with the checks installed (`import guard`; nothing fires)
     engine+guard  guard.Engine with the checks installed
 
-Rounds are interleaved in a shuffled order so machine noise hits all variants alike, and time is
-this process's CPU time (so other load on a shared machine does not count); the script prints
-the median time per micro-step and the ratios. Target: plain+guard <= 1.05x plain.
+The design is bench/engine_overhead.py's (its helpers are imported): rounds run one window of
+N micro-steps of each variant in a shuffled order, time is CPU time with one torch thread,
+glibc keeps freed memory, and the overhead in microseconds is the median of the per-round
+differences with its interquartile range. One difference: the checks are process-wide, so
+each variant lives in its own worker process, started once and kept for the whole run (the
+guarded ones stay installed, as in a real run; uninstalling between windows would reset the
+checks' state). The workers take turns: only the one running a window is busy, and each times
+its own window, so the workers do not disturb each other's figures.
 
-    python bench/guard_overhead.py [--width 512] [--rounds 15] [--micro-steps 64] [--threads N]
+Target (issue): plain+guard / plain <= 1.05 at width 512.
+
+    python bench/guard_overhead.py [--width 512] [--rounds 800] [--batches 64] [--batch-size 64]
+        [--threads 1] [--clock cpu|wall]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import multiprocessing
+import os
 import random
 import statistics
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from _mlp import make_model  # bench/ is on sys.path when a bench script runs
+from engine_overhead import (
+    WARM_UP_WINDOWS,
+    N,
+    keep_freed_memory,
+    make_loader,
+    measure,
+    paired_us,
+    window_timer,
+)
+from torch.utils.data import DataLoader
 
-import guard
-
-N = 4
-
-
-def make_batches(width: int, count: int, batch_size: int) -> list[tuple[torch.Tensor, ...]]:
-    gen = torch.Generator().manual_seed(1)
-    return [
-        (
-            torch.randn(batch_size, width, generator=gen),
-            torch.randint(0, 10, (batch_size,), generator=gen),
-        )
-        for _ in range(count)
-    ]
+VARIANTS = ("plain", "plain+guard", "engine+guard")
 
 
-def plain_loop(width: int, batches: list) -> Callable[[], None]:
+def plain_windows(width: int, loader: DataLoader) -> Iterator[None]:
+    """A careful hand-written loop: loss / N, clip and step every N micro-steps."""
     model = make_model(width)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-    def run() -> None:
-        for i, (x, y) in enumerate(batches):
+    while True:
+        for i, (x, y) in enumerate(loader):
             loss = F.cross_entropy(model(x), y) / N
             loss.backward()
             if (i + 1) % N == 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()
                 optimizer.zero_grad()
+                yield
 
-    return run
 
+def engine_windows(width: int, loader: DataLoader) -> Iterator[None]:
+    """The same training through guard.Engine's Accelerate-style loop."""
+    import guard
 
-def engine_loop(width: int, batches: list) -> Callable[[], None]:
     engine = guard.Engine(gradient_accumulation_steps=N, device="cpu")
     model = make_model(width)
-    model, optimizer = engine.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
-
-    def run() -> None:
-        for x, y in batches:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer, loader = engine.prepare(model, optimizer, loader)
+    while True:
+        for i, (x, y) in enumerate(loader):
             with engine.accumulate(model):
                 engine.backward(F.cross_entropy(model(x), y))
                 if engine.sync_gradients:
                     engine.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()
                 optimizer.zero_grad()
+            if (i + 1) % N == 0:
+                yield
 
-    return run
+
+def worker(variant: str, args: argparse.Namespace, conn: Connection) -> None:
+    """Run one variant's windows on request: receives True (run one) or False (stop).
+
+    Answers each request with the window's seconds; at the stop, with the guard's findings
+    (empty when nothing fired). Any exception goes back as its traceback text.
+    """
+    try:
+        torch.set_num_threads(args.threads)
+        if variant != "plain":
+            import guard
+
+            guard.configure(mode="raise")  # nothing may fire: a finding stops the benchmark
+        loader = make_loader(args.width, args.batches, args.batch_size)
+        build = plain_windows if variant.startswith("plain") else engine_windows
+        clock = time.process_time if args.clock == "cpu" else time.perf_counter
+        run = window_timer(build(args.width, loader), clock)
+        for _ in range(WARM_UP_WINDOWS):
+            run()
+        gc.collect()
+        gc.freeze()  # later full collections skip the long-lived objects
+        while conn.recv():
+            conn.send(run())
+        conn.send(_findings(variant))
+    except BaseException:
+        conn.send(traceback.format_exc())
+    finally:
+        conn.close()
 
 
-def timed(run: Callable[[], None], micro_steps: int) -> float:
-    """Milliseconds of CPU time per micro-step."""
-    start = time.process_time()
-    run()
-    return (time.process_time() - start) / micro_steps * 1e3
+def _findings(variant: str) -> str:
+    """The guard's summary when it reported anything in this worker, else ""."""
+    if variant == "plain":
+        return ""
+    import guard
+
+    return guard.summary_text() if guard.findings() else ""
+
+
+class Remote:
+    """A `measure` runner backed by a worker process: each call runs one window there."""
+
+    def __init__(self, variant: str, args: argparse.Namespace) -> None:
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no guard inherited
+        self.variant = variant
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=worker, args=(variant, args, child), daemon=True)
+        self.process.start()
+        child.close()
+
+    def __call__(self) -> float:
+        self.conn.send(True)
+        return self._answer()
+
+    def stop(self) -> str:
+        """Ends the worker; returns the guard's findings text (empty when nothing fired)."""
+        if not self.process.is_alive():
+            return ""  # it failed, and its traceback was raised already
+        self.conn.send(False)
+        findings = self._answer()
+        self.process.join()
+        return findings
+
+    def _answer(self) -> Any:
+        answer = self.conn.recv()
+        if isinstance(answer, str) and answer.startswith("Traceback"):
+            raise RuntimeError(f"the {self.variant} worker failed:\n{answer}")
+        return answer
+
+
+def report(samples: dict[str, list[float]]) -> None:
+    a, g, e = (statistics.median(samples[name]) for name in VARIANTS)
+    (ga_us, ga_iqr), (ea_us, ea_iqr) = (
+        paired_us(samples[name], samples["plain"]) for name in VARIANTS[1:]
+    )
+    print(f"{'plain ms':>9}{'guard ms':>10}{'engine ms':>10}{'g/a':>7}{'e/a':>7}", end="")
+    print(f"{'g-a us':>9}{'':<8}{'e-a us':>8}")
+    print(f"{a * 1e3:>9.3f}{g * 1e3:>10.3f}{e * 1e3:>10.3f}{g / a:>7.3f}{e / a:>7.3f}", end="")
+    print(f"{ga_us:>9.1f} ±{ga_iqr:<6.1f}{ea_us:>8.1f} ±{ea_iqr:<6.1f}")
+    print(f"target: g/a = plain+guard / plain <= 1.05 ({'met' if g / a <= 1.05 else 'NOT met'})")
 
 
 def main() -> None:
+    keep_freed_memory()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--width", type=int, default=512)
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--micro-steps", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=800, help="windows per variant")
+    parser.add_argument("--batches", type=int, default=64, help="micro-steps per epoch")
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument(
+        "--clock",
+        choices=["cpu", "wall"],
+        default="cpu",
+        help="cpu: each worker's CPU time (robust on a shared machine); wall: perf_counter",
+    )
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    guard.configure(mode="raise")  # any finding would stop the benchmark: nothing may fire
-
-    batches = make_batches(args.width, args.micro_steps, args.batch_size)
-    guard.uninstall()
-    plain = plain_loop(args.width, batches)
-    guard.install()
-    guarded, engine = plain_loop(args.width, batches), engine_loop(args.width, batches)
-    variants = {
-        "plain": (False, plain),
-        "plain+guard": (True, guarded),
-        "engine+guard": (True, engine),
-    }
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for checks, run in variants.values():  # warm-up
-        (guard.install if checks else guard.uninstall)()
-        run()
-    order = list(variants)
-    for _ in range(args.rounds):
-        random.shuffle(order)
-        for name in order:
-            checks, run = variants[name]
-            (guard.install if checks else guard.uninstall)()
-            times[name].append(timed(run, args.micro_steps))
-    guard.install()
-    assert not guard.findings(), guard.summary_text()
-
-    median = {name: statistics.median(values) for name, values in times.items()}
+    if args.batches % N:
+        parser.error(f"--batches must be a multiple of N={N} (windows end with the epoch)")
+    random.seed(0)
     print(
-        f"MLP width {args.width}, batch {args.batch_size}, {N}-step accumulation, "
-        f"{torch.get_num_threads()} threads, {args.rounds} rounds x {args.micro_steps} micro-steps"
+        f"MLP width {args.width}, batch {args.batch_size}, N={N}, fp32, AdamW, clip at the "
+        f"step, {args.batches} micro-steps per epoch, {args.rounds} rounds of one window each, "
+        f"torch threads {args.threads}, {args.clock} clock, one worker process per variant, "
+        f"MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_', 'unset')}"
     )
-    for name, value in median.items():
-        print(f"  {name:<13} {value:8.3f} ms CPU per micro-step (median)")
-    print(
-        f"  plain+guard / plain  = {median['plain+guard'] / median['plain']:.3f}  (target <= 1.05)"
-    )
-    print(f"  engine+guard / plain = {median['engine+guard'] / median['plain']:.3f}")
+    print("medians per micro-step; overhead = median of per-round differences ± IQR")
+    remotes = {name: Remote(name, args) for name in VARIANTS}
+    try:
+        samples = measure(dict(remotes), args.rounds)
+    finally:
+        fired = {name: remote.stop() for name, remote in remotes.items()}
+    for name, text in fired.items():
+        if text:
+            raise SystemExit(f"the guard reported findings in {name}, figures void:\n{text}")
+    report(samples)
 
 
 if __name__ == "__main__":
