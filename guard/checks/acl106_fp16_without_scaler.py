@@ -4,10 +4,11 @@ Gradients below fp16's smallest subnormal (about 6e-8) flush to zero without any
 forward whose fp16 outputs are part of the backward's graph matters: a frozen fp16 teacher (its
 outputs carry no graph) or an fp16 evaluation that is never backpropagated is not fp16 training.
 So while an fp16 autocast region is open, a global module forward hook tags the autograd node of
-every fp16 module output that records a graph; an unscaled backward reports when its graph
-reaches a tagged node. The walk over the graph runs only when something was tagged since the
-previous backward, and stops at the first tagged node. Forwards that call no `nn.Module` inside
-the region (purely functional code) are not seen.
+every fp16 module output that records a graph; an unscaled backward whose graph reaches a tagged
+node is reported before autograd runs: an error through the engine, a warning in raw loops. The
+walk over the graph runs only when something was tagged since the previous backward, and stops
+at the first tagged node. Forwards that call no `nn.Module` inside the region (purely functional
+code) are not seen.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class _Fp16Forwards:
 
     def before_backward(self, tensors, scaled_by, via, **_) -> None:
         tagged, self.tagged = self.tagged, 0
-        if not tagged or scaled_by is not None or via == "engine":
+        if not tagged or scaled_by is not None:
             return
         found, region = _find_tag([t.grad_fn for t in tensors])
         if found:
@@ -69,7 +70,7 @@ class _Fp16Forwards:
                 "without a GradScaler: gradients below ~6e-8 become zero; use "
                 "dtype=torch.bfloat16, or keep fp16 and use scaler.scale(loss).backward() with "
                 "scaler.step/update",
-                "warning",
+                "error" if via == "engine" else "warning",
             )
 
 

@@ -3,6 +3,7 @@ unscaled backward runs through is fp16 training without a scaler."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -103,3 +104,35 @@ def test_fp16_training_with_a_grad_scaler_is_silent(guard_on):
         scaler.step(optimizer)
         scaler.update()
     assert guard_on.findings() == []
+
+
+def _engine_with(precision: str):
+    from guard.engine import Engine
+
+    engine = Engine(precision)
+    student, _, optimizer, x = _student_and_teacher()
+    student, optimizer = engine.prepare(student, optimizer)
+    return engine, student, optimizer, x
+
+
+def test_engine_refuses_an_unscaled_fp16_backward_before_autograd_runs(guard_on):
+    engine, student, optimizer, x = _engine_with("no")
+    with torch.autocast("cpu", dtype=torch.float16):  # the user's own region, no scaler
+        loss = student(x).float().square().mean()
+    with pytest.raises(guard_on.GuardError) as info:
+        engine.backward(loss)
+    assert info.value.code == "ACL106"
+    assert all(p.grad is None for p in student.parameters())
+
+
+def test_engine_in_fp16_scales_and_is_silent(guard_on):
+    engine, student, optimizer, x = _engine_with("fp16")
+    start = _params(student)
+    for _ in range(2):
+        with engine.autocast():
+            loss = student(x).float().square().mean()
+        engine.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    assert guard_on.findings() == []
+    assert not all(torch.equal(a, b) for a, b in zip(start, _params(student), strict=True))
