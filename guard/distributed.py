@@ -47,6 +47,13 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
+def collective_device() -> torch.device:
+    """Where tensors for the default group's collectives must live: CUDA for nccl, else the CPU."""
+    if is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """Sum `tensor` over all ranks in place (a no-op on one process)."""
     if world_size() > 1:

@@ -12,7 +12,11 @@ once per installation. Events (payloads as keyword arguments):
 - `ddp_forward(module, sync)`: a DDP forward with gradients enabled; `sync` is the wrapper's
   `require_backward_grad_sync` (False under `no_sync()`), read when DDP reads it.
 - `train_mode(module, mode)`: the outermost `Module.train(mode)` / `Module.eval()` call.
-- `gather(accelerator)`: the user called `Accelerator.gather` (not via `gather_for_metrics`).
+- `gather(accelerator, result)`: the user's `Accelerator.gather` call (not one made by
+  `gather_for_metrics`) returned `result`.
+- `dist_gather(parts)`: user code (not torch, Accelerate or the guard) called
+  `torch.distributed.all_gather` / `all_gather_into_tensor` / `all_gather_object`; `parts` is
+  the output list (one entry per rank) or `[output_tensor]`.
 - `finish()`: the run is ending, before the guard writes its report (end-of-run checks).
 """
 
@@ -128,9 +132,10 @@ def _gather(tracker) -> None:
 
         @_patch.wraps_original(gather)
         def gather_(accelerator, tensor):
+            result = gather(accelerator, tensor)
             if not _in_gather_for_metrics():
-                tracker.emit("gather", accelerator=accelerator)
-            return gather(accelerator, tensor)
+                tracker.emit("gather", accelerator=accelerator, result=result)
+            return result
 
         @_patch.wraps_original(for_metrics)
         def gather_for_metrics_(accelerator, *args, **kwargs):
@@ -150,6 +155,31 @@ def _in_gather_for_metrics() -> bool:
     return getattr(_local, "in_gather_for_metrics", False)
 
 
+def _dist_gather(tracker) -> None:
+    import sys
+
+    import torch.distributed as dist
+
+    if not dist.is_available() or _installed(dist, "all_gather"):
+        return
+
+    def wrap(name: str, output_parts: Callable[[Any], list]) -> None:
+        original = getattr(dist, name)
+
+        @_patch.wraps_original(original)
+        def all_gather_(output, *args, **kwargs):
+            result = original(output, *args, **kwargs)
+            if not _report._is_internal(sys._getframe(1).f_code.co_filename):
+                tracker.emit("dist_gather", parts=output_parts(output))
+            return result
+
+        _patch.patch(dist, name, all_gather_)
+
+    wrap("all_gather", list)
+    wrap("all_gather_object", list)
+    wrap("all_gather_into_tensor", lambda output: [output])
+
+
 _finish_hooked: list = []
 
 
@@ -166,5 +196,6 @@ _SOURCES: dict[str, Callable[[Any], None]] = {
     "ddp": _ddp,
     "train_mode": _train_mode,
     "gather": _gather,
+    "dist_gather": _dist_gather,
     "finish": _finish,
 }

@@ -4,23 +4,39 @@ At each backward the loss graph is searched near its root for a mean-reduced NLL
 node; its saved total weight is that micro-batch's valid-token count T_i (kept as a tensor, read
 at the step boundary, so there is no host sync per micro-step). At the step, a token of
 micro-batch i weighs 1/(k*T_i) instead of 1/T; the measured bias max_i |mean(T)/T_i - 1| is
-reported when it exceeds `token_bias` (default 0.25; `guard.configure(token_bias=...)`). Counts
-are local to this process. Sum-reduced losses normalised by a token count stay silent.
+reported when it exceeds `token_bias` (default 0.25; `guard.configure(token_bias=...)`).
+Sum-reduced losses normalised by a token count stay silent.
+
+Under DDP (W > 1, an optimizer of a DDP model) the window spans all ranks: at every step of such
+an optimizer each rank contributes [complete, n, sum, min, max] of its own T_i to one small
+all_gather, whether or not it saw a token mean (a collective must be entered by every rank, and
+ranks may differ in what they saw), so all ranks judge the same numbers and report alike. The
+bias needs only those five numbers: mean(T)/T_i is monotonic in T_i, so its extremes sit at the
+shortest and the longest micro-batch. Windows where some rank had a backward without a token mean
+are not judged. Optimizers of the guard's own Engine are left to the engine, which does the same.
 """
 
 from __future__ import annotations
 
-from guard import _report
-from guard.checks import _graph
+import sys
+import weakref
+
+import torch
+
+from guard import _report, distributed
+from guard.checks import _graph, _sources
 from guard.checks._common import report
 
 CODES = ("ACL308",)
 OPTIONS = {"token_bias": 0.25}
 _KEY = "ACL308_counts"
+_DDP_KEY = "ACL308_trains_ddp"  # (number of DDP modules known when computed, answer)
 
 
 def install(tracker) -> None:
+    _sources.ensure(tracker, "ddp")
     pending: dict = {}
+    ddp_modules: weakref.WeakSet = weakref.WeakSet()
 
     def before_backward(tensors, via, **_) -> None:
         if tensors and via != "engine" and _report.enabled("ACL308"):
@@ -33,9 +49,22 @@ def install(tracker) -> None:
         for st in states:
             st.extra.setdefault(_KEY, []).append(count)
 
+    def saw_ddp(module, **_) -> None:
+        ddp_modules.add(module)
+
+    def before_step(optimizer, state, **_) -> None:
+        counts = state.extra.pop(_KEY, None)
+        complete = bool(counts) and len(counts) == state.backwards
+        if _across_ranks(state, optimizer, ddp_modules):
+            _judge(_gathered_rows(counts if complete else None), distributed.world_size())
+        elif complete and len(counts) >= 2:
+            _judge([_row(counts).tolist()], 1)
+
     tracker.subscribe("backward_pre", before_backward)
     tracker.subscribe("backward", after_backward)
-    tracker.subscribe("optimizer_step_pre", _before_step)
+    tracker.subscribe("ddp_created", saw_ddp)
+    tracker.subscribe("ddp_forward", saw_ddp)
+    tracker.subscribe("optimizer_step_pre", before_step)
     tracker.subscribe("zero_grad", _forget)
 
 
@@ -44,21 +73,53 @@ def _forget(states, **_) -> None:
         st.extra.pop(_KEY, None)
 
 
-def _before_step(state, **_) -> None:
-    counts = state.extra.pop(_KEY, None)
-    if not counts or len(counts) < 2 or len(counts) != state.backwards:
+def _across_ranks(state, optimizer, ddp_modules) -> bool:
+    """Whether this step's counts are gathered: the same answer on every rank of a DDP run."""
+    if distributed.world_size() < 2 or not _report.enabled("ACL308") or _engine_owned(state):
+        return False
+    known, answer = state.extra.get(_DDP_KEY, (-1, False))
+    if not answer and known != len(ddp_modules):  # recomputed only when a new DDP model appears
+        owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        answer = any(id(p) in owned for m in list(ddp_modules) for p in m.parameters())
+        state.extra[_DDP_KEY] = (len(ddp_modules), answer)
+    return answer
+
+
+def _engine_owned(state) -> bool:
+    engine = sys.modules.get("guard.engine")
+    return engine is not None and isinstance(state.prepared_by, engine.Engine)
+
+
+def _row(counts: list) -> torch.Tensor:
+    """[complete, n, sum, min, max] of one rank's token counts, on their device (no host read)."""
+    tokens = torch.stack([torch.as_tensor(c) for c in counts]).double()
+    n = torch.full((1,), float(len(counts)), dtype=torch.float64, device=tokens.device)
+    stats = torch.stack([tokens.sum(), tokens.min(), tokens.max()])
+    return torch.cat([torch.ones_like(n), n, stats])
+
+
+def _gathered_rows(counts: list | None) -> list[list[float]]:
+    """Every rank's row (zeros for a rank with no complete window): one all_gather, one read."""
+    device = distributed.collective_device()
+    row = _row(counts).to(device) if counts else torch.zeros(5, dtype=torch.float64, device=device)
+    return distributed.gather(row.unsqueeze(0)).tolist()
+
+
+def _judge(rows: list[list[float]], world: int) -> None:
+    if not all(complete for complete, *_ in rows):
         return
-    tokens = [float(c) for c in counts]
-    if min(tokens) <= 0:
+    n = int(sum(row[1] for row in rows))
+    shortest, longest = min(row[3] for row in rows), max(row[4] for row in rows)
+    if n < 2 or shortest <= 0:
         return
-    mean = sum(tokens) / len(tokens)
-    bias = max(abs(mean / t - 1) for t in tokens)
+    mean = sum(row[2] for row in rows) / n
+    bias = max(mean / shortest - 1, 1 - mean / longest)
     if bias <= float(_report.option("token_bias", OPTIONS["token_bias"])):
         return
-    shortest, longest = min(tokens), max(tokens)
+    where = f" (all {world} ranks)" if world > 1 else ""
     report(
         "ACL308",
-        f"{len(tokens)} micro-batches with {shortest:g} to {longest:g} valid tokens were each "
+        f"{n} micro-batches{where} with {shortest:g} to {longest:g} valid tokens were each "
         f"averaged over their own tokens, then over the window: a token of the shortest weighs "
         f"{longest / shortest:.1f}x one of the longest (bias {bias:.0%}); sum the token losses "
         "(reduction='sum') and divide by the window's token count",

@@ -7,6 +7,10 @@ twice (a batch is identified by the active loader and the number of batches fetc
 never fires. Code that opted out with `sync_with_dataloader=False` manages its own windows and
 is left alone for (a) and (c). Each is reported before the damage: at the second entry, at the
 second backward, and at the entry.
+(d) under DDP, DDP models whose forwards in one micro-step (since the last backward) with an
+accumulate() entry disagree on `require_backward_grad_sync`: a model left out of the entry (a
+GAN's or a two-tower loop's second model) all-reduces on every micro-step, and one kept under
+no_sync() on the sync step never syncs. Reported at the disagreeing forward, before its backward.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ CODES = ("ACL309",)
 
 
 def install(tracker) -> None:
-    _sources.ensure(tracker, "loader")
+    _sources.ensure(tracker, "loader", "ddp")
     fetched = {"batches": 0}
     entry = {"batch": None, "open": False, "hits": []}
+    micro: dict = {"accelerator": None, "sync": {}}  # since the last backward
 
     def next_batch(**_) -> None:
         fetched["batches"] += 1
@@ -36,11 +41,21 @@ def install(tracker) -> None:
                 _report_second_entry(accelerator, models)
             entry["batch"] = batch
         entry["open"] = True
+        micro["accelerator"] = accelerator
 
     def leave(**_) -> None:
         entry["open"] = False
 
+    def ddp_forward(module, sync, **_) -> None:
+        flags = micro["sync"]
+        flags[id(module)] = (sync, type(getattr(module, "module", module)).__name__)
+        agreed = len({flag for flag, _ in flags.values()}) == 1
+        if not agreed and micro["accelerator"] is not None and not micro.get("reported"):
+            micro["reported"] = True
+            _report_mixed_sync(micro["accelerator"], flags.values())
+
     def after_backward(states, **_) -> None:
+        micro.update(accelerator=None, sync={}, reported=False)
         if not entry["open"] or not states:
             return
         hit = frozenset(id(st) for st in states)
@@ -52,6 +67,7 @@ def install(tracker) -> None:
     tracker.subscribe("loader_end", next_batch)  # a prepared loader yields its last batch then
     tracker.subscribe("accumulate_enter", enter)
     tracker.subscribe("accumulate_exit", leave)
+    tracker.subscribe("ddp_forward", ddp_forward)
     tracker.subscribe("backward", after_backward)
 
 
@@ -90,4 +106,19 @@ def _report_second_backward(states, k: int) -> None:
         f"counts as one micro-step: each window sums {k}x as many passes as it divides by, so "
         "the gradient is that many times the intended mean; run one backward per entry (sum the "
         "losses first) or enter accumulate() once per backward",
+    )
+
+
+def _report_mixed_sync(accelerator, flags) -> None:
+    calls = ", ".join(
+        f"model {i} ({name}) {'all-reduces in its backward' if sync else 'waits under no_sync()'}"
+        for i, (sync, name) in enumerate(flags, start=1)
+    )
+    report(
+        "ACL309",
+        f"DDP models called in one micro-step disagree on gradient sync: {calls} (in call order; "
+        f"N={accelerator.gradient_accumulation_steps}): a model trained in the window but left "
+        "out of accelerator.accumulate() syncs on every micro-step, and one kept under no_sync() "
+        "on the sync step never syncs, so its replicas diverge; enter once with every model "
+        "trained in the window: `with accelerator.accumulate(model_a, model_b):`",
     )

@@ -21,6 +21,7 @@ from guard.checks._common import report
 
 CODES = ("ACL401", "ACL405")
 _SYNCED = "ACL401_synced_forwards"
+_SYNCED_AT = "ACL401_synced_at"  # the backward counter when the last synced forward was counted
 
 
 def install(tracker) -> None:
@@ -34,7 +35,9 @@ def install(tracker) -> None:
         ddp_modules.add(module)
         if sync:
             for st in tracker.owners(_first_params(module)):
-                st.extra[_SYNCED] = st.extra.get(_SYNCED, 0) + 1
+                if st.extra.get(_SYNCED_AT) != tracker.backward_id:  # once per micro-step:
+                    st.extra[_SYNCED_AT] = tracker.backward_id  # two DDP models, one backward
+                    st.extra[_SYNCED] = st.extra.get(_SYNCED, 0) + 1
 
     def before_step(optimizer, state, **_) -> None:
         if state.backwards and _world_size() > 1 and _trains_ddp(state, optimizer, ddp_modules):

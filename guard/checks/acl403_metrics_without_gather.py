@@ -1,15 +1,27 @@
-"""ACL403 (warning): `accelerator.gather` on an evaluation loader's last batch that holds padding.
+"""ACL403 (warning): an evaluation pass gathers more samples than its dataset holds.
 
-With several processes a prepared loader pads its last batch with repeated samples so that every
-process runs the same number of batches; `gather` keeps them (`gather_for_metrics` drops them).
-Reported when `gather` is called while the active prepared loader is on its last batch and its
-dataset length leaves a remainder (so duplicates are in the result), in an evaluation pass: no
-backward ran since the pass's first gather (training loops gathering losses are left alone).
-A loop that truncates the last gathered batch itself (`preds[: len(dataset) - samples_seen]`,
-as in an older Accelerate example) is correct but indistinguishable at runtime: hence a warning.
+With several processes, a prepared loader (and a `DistributedSampler` with `drop_last=False`)
+pads the last global batch with repeated samples so that every process runs the same number of
+batches; `accelerator.gather` and `torch.distributed.all_gather*` keep them, while
+`gather_for_metrics` drops them. Per evaluation pass (no backward since it began) the guard sums
+the samples the user gathered: the leading dimension of each gathered value, taken once per batch
+(gathering preds and labels separately, or as a pair, counts each sample once). A pass whose
+dataset left padding in the last batch and whose total exceeds the dataset's length is reported
+at its end: for a prepared loader at the gather on its last batch, for a plain loader over a
+`DistributedSampler` when the loop exhausts it (before anything after the loop runs).
+Gathered scalars (a loss per batch) count one per rank and so stay well below the dataset length.
+A loop that truncates the gathered tail itself (`preds[: len(dataset) - seen]`, as in an older
+Accelerate example) is correct but looks the same at runtime: hence a warning.
 """
 
 from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
 
 from guard.checks import _sources
 from guard.checks._common import report
@@ -17,36 +29,157 @@ from guard.checks._common import report
 CODES = ("ACL403",)
 
 
-def install(tracker) -> None:
-    _sources.ensure(tracker, "gather")
-    first_gather: dict = {}  # (id(loader), pass) -> tracker.backward_id at the pass's first gather
+@dataclass
+class _Pass:
+    """The samples gathered so far in one pass over an evaluation loader."""
 
-    def before_gather(accelerator, **_) -> None:
+    dataset_length: int
+    padded: int  # repeated samples in the last global batch (0: none)
+    first_backward: int  # the tracker's backward counter when the pass began
+    samples: int = 0  # summed over the finished batches
+    batch: int = -1  # which batch the current gathers belong to
+    batch_samples: int = 0  # the largest gather of that batch
+    judged: bool = False
+
+    def add(self, batch: int, samples: int) -> None:
+        if batch != self.batch:
+            self.samples += self.batch_samples
+            self.batch, self.batch_samples = batch, 0
+        self.batch_samples = max(self.batch_samples, samples)
+
+    def total(self) -> int:
+        return self.samples + self.batch_samples
+
+
+def install(tracker) -> None:
+    _sources.ensure(tracker, "gather", "dist_gather", "loader", "sampler")
+    fetched = {"batches": 0}
+    prepared: dict = {}  # id(prepared loader) -> (its iteration, _Pass)
+    sampled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # torch iterator -> _Pass
+    started: weakref.WeakSet = weakref.WeakSet()  # torch iterators past their first batch
+    current: dict = {"sampler": None, "iterator": None}
+
+    def next_batch(iterator, **_) -> None:
+        fetched["batches"] += 1
+        current["iterator"] = weakref.ref(iterator)
+        sampler, current["sampler"] = current["sampler"], None
+        if iterator not in started:  # a DistributedSampler starts just before its first batch
+            started.add(iterator)
+            if sampler is not None:
+                sampled[iterator] = _sampler_pass(sampler, tracker.backward_id)
+
+    def sampler_started(sampler, **_) -> None:
+        current["sampler"] = sampler  # a DistributedSampler: its loader's first batch comes next
+
+    def accelerate_gathered(accelerator, result, **_) -> None:
         state = accelerator.gradient_state
         loader = state.active_dataloader
         if loader is None or getattr(accelerator, "num_processes", 1) < 2:
             return
-        key = (id(loader), getattr(loader, "iteration", 0))
-        seen = first_gather.setdefault(key, tracker.backward_id)
-        if not state.end_of_dataloader:
-            return
-        first_gather.pop(key, None)
-        remainder = getattr(state, "remainder", -1)
-        evaluating = seen == tracker.backward_id
-        if evaluating and remainder is not None and remainder > 0:
-            _report(accelerator, loader, remainder)
+        iteration = getattr(loader, "iteration", 0)
+        seen = prepared.get(id(loader))
+        if seen is None or seen[0] != iteration:
+            seen = prepared[id(loader)] = (iteration, _prepared_pass(loader, state, tracker))
+        evaluation = seen[1]
+        if evaluation is not None:
+            evaluation.add(fetched["batches"], _tensor_samples(result))
+            if state.end_of_dataloader:
+                _judge(evaluation, tracker, accelerator.num_processes)
 
-    tracker.subscribe("gather", before_gather)
+    def dist_gathered(parts, **_) -> None:
+        iterator = current["iterator"]() if current["iterator"] is not None else None
+        evaluation = sampled.get(iterator) if iterator is not None else None
+        if evaluation is not None:
+            evaluation.add(fetched["batches"], sum(_object_samples(p) for p in parts))
+
+    def pass_ended(iterator, **_) -> None:
+        fetched["batches"] += 1
+        evaluation = sampled.pop(iterator, None)
+        if evaluation is not None:
+            _judge(evaluation, tracker, _world_size())
+
+    tracker.subscribe("loader_next", next_batch)
+    tracker.subscribe("loader_end", pass_ended)
+    tracker.subscribe("sampler_iter", sampler_started)
+    tracker.subscribe("gather", accelerate_gathered)
+    tracker.subscribe("dist_gather", dist_gathered)
 
 
-def _report(accelerator, loader, remainder: int) -> None:
-    total = getattr(loader, "total_batch_size", None)
-    padded = f"{total - remainder} repeated sample(s)" if total else "repeated samples"
+def _prepared_pass(loader, state, tracker) -> _Pass | None:
+    """A pass over a prepared loader whose dataset length is known and not a whole number of
+    global batches (`state.remainder` > 0: the last global batch holds that many real samples)."""
+    remainder = getattr(state, "remainder", -1)
+    total_batch = getattr(loader, "total_batch_size", None)
+    try:
+        length = int(getattr(loader, "total_dataset_length", len(loader.dataset)))
+    except (TypeError, AttributeError, NotImplementedError):
+        return None
+    if remainder is None or remainder <= 0 or not total_batch:
+        return _Pass(length, 0, tracker.backward_id)
+    return _Pass(length, total_batch - remainder, tracker.backward_id)
+
+
+def _sampler_pass(sampler, backward_id: int) -> _Pass | None:
+    """A pass over a DistributedSampler: it pads to `total_size` unless it drops the tail."""
+    try:
+        length = len(sampler.dataset)
+    except (TypeError, AttributeError, NotImplementedError):
+        return None
+    padded = max(int(getattr(sampler, "total_size", length)) - length, 0)
+    return _Pass(length, padded, backward_id)
+
+
+def _judge(evaluation: _Pass, tracker, world: int) -> None:
+    if evaluation.judged:
+        return
+    evaluation.judged = True
+    total = evaluation.total()
+    evaluating = evaluation.first_backward == tracker.backward_id
+    if evaluating and evaluation.padded and total > evaluation.dataset_length:
+        _report(evaluation, total, world)
+
+
+def _world_size() -> int:
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _tensor_samples(value: Any) -> int:
+    """The leading dimension of the first tensor in a gathered structure (0-d: one per rank)."""
+    if isinstance(value, torch.Tensor):
+        return value.shape[0] if value.dim() else 1
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            samples = _tensor_samples(item)
+            if samples:
+                return samples
+    return 0
+
+
+def _object_samples(value: Any) -> int:
+    """Samples in one rank's gathered object: a tensor's leading dimension, a list's length, the
+    first entry of a tuple or dict (a (preds, labels) pair counts once), else one."""
+    if hasattr(value, "shape"):
+        return value.shape[0] if len(value.shape) else 1
+    if isinstance(value, Mapping):
+        return _object_samples(next(iter(value.values()))) if value else 0
+    if isinstance(value, tuple):
+        return _object_samples(value[0]) if value else 0
+    if isinstance(value, list):
+        return len(value)
+    return 1
+
+
+def _report(evaluation: _Pass, total: int, world: int) -> None:
     report(
         "ACL403",
-        f"accelerator.gather on the evaluation loader's last batch keeps the {padded} padded in "
-        f"so that {accelerator.num_processes} processes get equal batches: metrics count them "
-        "as extra predictions unless the loop truncates them itself; use "
-        "accelerator.gather_for_metrics(...), which drops them",
+        f"this evaluation pass gathered {total} samples for a dataset of "
+        f"{evaluation.dataset_length}: the last batch carries {evaluation.padded} repeated "
+        f"sample(s) padded in so that {world} processes get equal batches, and the gather kept "
+        "them, so metrics count them unless the loop truncates them itself; use "
+        "accelerator.gather_for_metrics(...), which drops them (in plain torch.distributed, "
+        "keep only the first len(dataset) gathered samples)",
         level="warning",
     )
