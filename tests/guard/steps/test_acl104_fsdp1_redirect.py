@@ -6,35 +6,9 @@ same loop calling fsdp_model.clip_grad_norm_ itself: same returned norms, same p
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-import pytest
-
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[2]
-
-
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory) -> list[dict]:
-    results = tmp_path_factory.mktemp("fsdp-results")
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", ACCEL_GUARD="raise")
-    command = [sys.executable, str(HERE / "fsdp_clip_worker.py"), str(results)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
-    if done.returncode != 0 and "terminated with signal" in done.stderr:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(results.glob("rank*.json"))]
-    assert [r["rank"] for r in rows] == [0, 1]
-    return rows
-
-
-def test_torch_clip_on_fsdp1_is_reported_and_returns_the_models_own_norm(ranks):
-    for rank in ranks:
+def test_torch_clip_on_fsdp1_is_reported_and_returns_the_models_own_norm(two_ranks):
+    for rank in two_ranks:
         [(code, level, count, message)] = rank["findings"]
         assert (code, level, count) == ("ACL104", "warning", 3)  # once per step, one location
         assert "the guard called model.clip_grad_norm_(max_norm) instead" in message
@@ -42,21 +16,21 @@ def test_torch_clip_on_fsdp1_is_reported_and_returns_the_models_own_norm(ranks):
         assert rank["oracle_findings"] == []  # FSDP's own clip is clean under the guard
 
 
-def test_the_redirected_loop_trains_exactly_like_the_oracle(ranks):
-    for rank in ranks:
+def test_the_redirected_loop_trains_exactly_like_the_oracle(two_ranks):
+    for rank in two_ranks:
         assert rank["trained"] and rank["same_params"]
 
 
-def test_the_shard_norms_really_differ_between_ranks(ranks):
+def test_the_shard_norms_really_differ_between_ranks(two_ranks):
     """What torch's clip would have used: each rank's shard norm, not the total."""
-    first, second = (r["shard_norms"][0] for r in ranks)
-    total = ranks[0]["oracle_norms"][0]
+    first, second = (r["shard_norms"][0] for r in two_ranks)
+    total = two_ranks[0]["oracle_norms"][0]
     assert first != second
     assert abs(total - (first**2 + second**2) ** 0.5) < 1e-5 * total  # FSDP's all-reduce
 
 
-def test_clipping_part_of_an_fsdp1_model_raises_before_touching_gradients(ranks):
-    for rank in ranks:
+def test_clipping_part_of_an_fsdp1_model_raises_before_touching_gradients(two_ranks):
+    for rank in two_ranks:
         subset = rank["subset"]
         assert subset["raised"] == "ACL104" and subset["grads_unchanged"]
         assert "on part of an FSDP model's parameters" in subset["message"]

@@ -1,6 +1,9 @@
-"""Two gloo processes on CPU for the ACL104 FSDP1 test: run as a script; each rank writes a JSON
-file with what the guard (raise mode) did to torch.nn.utils.clip_grad_norm_ on an FSDP1 model,
-next to the oracle loop that calls the model's own clip_grad_norm_."""
+"""Two gloo processes on CPU (one process group, started once): run as a script; each rank writes
+a JSON file with what the guard (raise mode) did in
+- ACL104: torch.nn.utils.clip_grad_norm_ on an FSDP1 model, next to the oracle loop that calls
+  the model's own clip_grad_norm_;
+- ACL310: guard.Engine loops (W=2) whose prepared scheduler steps twice per optimizer step, sized
+  per process (exhausted half-way) or in global batches (right)."""
 
 from __future__ import annotations
 
@@ -74,6 +77,41 @@ def subset(rank: int) -> dict:
         return {"raised": error.code, "grads_unchanged": same, "message": str(error)}
 
 
+def engine_schedule(global_batches: bool) -> dict:
+    """ACL310 with W=2: a one-cycle schedule sized from the prepared (per-process) loader, or from
+    the unprepared one; returns when (at which optimizer step) ACL310 was reported."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from guard import Engine
+    from guard._tracker import TRACKER
+
+    guard.reset()
+    n, epochs = 2, 2
+    engine = Engine(gradient_accumulation_steps=n)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
+    loader = DataLoader(TensorDataset(data, data.sum(1, keepdim=True)), batch_size=4)
+    global_steps = len(loader) // n * epochs  # the unprepared loader counts global batches
+    model, opt, loader = engine.prepare(model, opt, loader)
+    total = global_steps if global_batches else len(loader) // n * epochs
+    sched = engine.prepare(torch.optim.lr_scheduler.OneCycleLR(opt, 0.1, total_steps=total))
+    reported_at = None
+    for _ in range(epochs):
+        for x, y in loader:
+            with engine.accumulate(model):
+                engine.backward(nn.functional.mse_loss(model(x), y))
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+            if reported_at is None and any(f.code == "ACL310" for f in guard.findings()):
+                reported_at = engine.optimizer_steps
+    TRACKER.emit("finish")
+    found = [(f.code, f.level, f.message) for f in guard.findings() if f.code == "ACL310"]
+    return {"findings": found, "reported_at": reported_at, "steps": engine.optimizer_steps}
+
+
 def worker(rank: int, world: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -96,6 +134,8 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
         "same_params": same,
         "trained": oracle["trained"],
         "subset": subset(rank),
+        "schedule_per_process": engine_schedule(global_batches=False),
+        "schedule_global": engine_schedule(global_batches=True),
     }
     Path(out, f"rank{rank}.json").write_text(json.dumps(result), encoding="utf-8")
     dist.destroy_process_group()
