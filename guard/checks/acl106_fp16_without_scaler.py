@@ -3,12 +3,13 @@
 Gradients below fp16's smallest subnormal (about 6e-8) flush to zero without any error. Only a
 forward whose fp16 outputs are part of the backward's graph matters: a frozen fp16 teacher (its
 outputs carry no graph) or an fp16 evaluation that is never backpropagated is not fp16 training.
-So while an fp16 autocast region is open, a global module forward hook tags the autograd node of
-every fp16 module output that records a graph; an unscaled backward whose graph reaches a tagged
-node is reported before autograd runs: an error through the engine, a warning in raw loops. The
-walk over the graph runs only when something was tagged since the previous backward, and stops
-at the first tagged node. Forwards that call no `nn.Module` inside the region (purely functional
-code) are not seen.
+So while an fp16 autocast region entered with gradients enabled is open, a global module forward
+hook tags the autograd node of every fp16 module output that records a graph (a few microseconds
+per module call inside such regions, scaled fp16 training included). An unscaled backward whose
+graph reaches a tagged node is reported before autograd runs: an error through the engine, a
+warning in raw loops. The walk over the graph runs only when something was tagged since the
+previous backward, and stops at the first tagged node. Forwards that call no `nn.Module` inside
+the region (purely functional code) are not seen.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ class _Fp16Forwards:
         self.tagged = 0  # fp16 graph-recording module outputs tagged since the last backward
 
     def region_entered(self, dtype, enabled, **_) -> None:
-        if enabled and dtype == torch.float16 and self.hook is None:
+        wanted = enabled and dtype == torch.float16 and torch.is_grad_enabled()
+        if wanted and self.hook is None:
             register = torch.nn.modules.module.register_module_forward_hook
             self.hook = register(self._after_forward)
 
