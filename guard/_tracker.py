@@ -23,10 +23,13 @@ Events and payloads (states are `OptState` / `ScalerState` objects documented be
 - `update_pre(scaler, sstate)`, `update(scaler, sstate, skipped, scale_before, scale_after)`;
   `skipped` means the scale backed off or the scaler recorded inf/NaN (its found-inf state) for
   the step(s) since the last update, i.e. they were skipped.
-- `clip(kind, parameters, states, via)`: before torch's `clip_grad_norm_`/`clip_grad_value_`;
-  `kind` is "norm" or "value", `parameters` the materialised list actually passed on, `via`
-  "torch" or "accelerate" (inside `Accelerator.clip_grad_*`). `clip_done(..., result)` after,
-  with torch's return value (the total norm before clipping, for "norm").
+- `clip(kind, parameters, states, via, redirect)`: before torch's `clip_grad_norm_` or
+  `clip_grad_value_`; `kind` is "norm" or "value", `parameters` the materialised list actually
+  passed on, `via` "torch" or "accelerate" (inside `Accelerator.clip_grad_*`); a check may append
+  to the list `redirect` a callable that runs instead of torch's function, with its remaining
+  arguments.
+  `clip_done(..., result)` after, with the return value (the total norm before clipping, for
+  "norm").
 - `scheduler_step_pre(scheduler, state, via_wrapper)`: before `LRScheduler.step` (not the call
   made by its constructor); `state` is its optimizer's state.
 - `autocast_enter(device, dtype, enabled, origin, ambient_enabled, ambient_dtype)`: an autocast
@@ -47,7 +50,8 @@ Accelerator), `wrapper`, and `extra` (a dict where checks keep their own per-opt
 `ScalerState` (one per GradScaler): `stepped` (optimizer states stepped since the last update),
 `updates`, `skips`, `consecutive_skips`, `last_scale`.
 
-Other readable state: `TRACKER.autocast_stack` (open `AutocastFrame`s), `regions_since_backward`
+Other readable state: `TRACKER.states` (the live optimizers' `OptState`s, for a cheap test
+before per-micro-step work), `autocast_stack` (open `AutocastFrame`s), `regions_since_backward`
 (enabled, grad-enabled regions entered since the last backward), `accelerator()` (the latest
 Accelerator), `prepared_schedulers` (inner scheduler -> (accelerator, wrapper)), `owners(params)`.
 
@@ -92,7 +96,6 @@ class OptState:
     prepared_by: Any = None
     wrapper: Any = None
     hit: int = -1  # id of the last backward pass that reached a sentinel
-    last_step_location: str | None = None
     extra: dict = field(default_factory=dict)  # per-check scratch space, keyed by code
 
     @property
@@ -150,7 +153,7 @@ class Tracker:
         self.backward_id = 0
         self.max_steps = 0
         self._param_owner: dict[int, tuple[Any, OptState]] = {}
-        self._states: list[OptState] = []  # the live optimizers' states, cheap to scan
+        self.states: list[OptState] = []  # the live optimizers' states, cheap to scan
 
     # -- subscriptions -------------------------------------------------------------------------
 
@@ -176,12 +179,12 @@ class Tracker:
         if st is None:
             st = OptState(weakref.ref(optimizer, self._forget))
             self.optimizers[optimizer] = st
-            self._states.append(st)
+            self.states.append(st)
             self._watch(optimizer, st)
         return st
 
     def _forget(self, ref: Any) -> None:
-        self._states = [st for st in self._states if st.ref is not ref]
+        self.states = [st for st in self.states if st.ref is not ref]
 
     def scaler_state(self, scaler: Any) -> ScalerState:
         st = self.scalers.get(scaler)
@@ -270,7 +273,7 @@ class Tracker:
         _patch.patch(torch.autograd, "backward", backward)
 
     def _after_backward(self, roots: tuple, scaled_by: Any, via: str) -> None:
-        hit = [st for st in self._states if st.hit == self.backward_id]
+        hit = [st for st in self.states if st.hit == self.backward_id]
         for st in hit:
             st.backwards += 1
             st.contrib_backwards += 1
@@ -351,7 +354,6 @@ class Tracker:
             return
         st.steps += 1
         st.last_step_skipped = False
-        st.last_step_location = _report.user_location()
         self._end_window(st)
         if st.steps > self.max_steps:
             self.max_steps = st.steps
@@ -488,8 +490,11 @@ class Tracker:
             params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
             states = tracker.owners(params)
             via = tracker.flags.clip_via
-            tracker.emit("clip", kind=kind, parameters=params, states=states, via=via)
-            result = original(params, *args, **kwargs)
+            redirect: list[Callable] = []  # a check may put a replacement for torch's call here
+            tracker.emit(
+                "clip", kind=kind, parameters=params, states=states, via=via, redirect=redirect
+            )
+            result = redirect[0](*args, **kwargs) if redirect else original(params, *args, **kwargs)
             tracker.emit(
                 "clip_done", kind=kind, parameters=params, states=states, via=via, result=result
             )

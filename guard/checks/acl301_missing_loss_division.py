@@ -1,10 +1,11 @@
 """ACL301 (heuristic warning): k > 1 backward passes summed into one optimizer step, none divided.
 
 At each backward the root of the loss graph is read for a constant factor (`loss / k`,
-`loss * (1 / k)`; Accelerate's own `/ N` counts). At the step, if k > 1 passes contributed and
-every one had factor 1, and the gradients were not modified in place since the last backward
-(`p.grad.div_(k)`, read through the private `Tensor._version`), the update uses the sum of k mean
-gradients. The engine always divides, so its loops cannot hit this.
+`loss * (1 / k)`; Accelerate's own `/ N` counts), until the window has one divided pass (the
+window cannot be reported then, so the rest of it costs nothing). At the step, if k > 1 passes
+contributed and every one had factor 1, and the gradients were not modified in place since the
+last backward (`p.grad.div_(k)`, read through the private `Tensor._version`), the update uses the
+sum of k mean gradients. The engine always divides, so its loops cannot hit this.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from guard.checks._common import report
 
 CODES = ("ACL301",)
 _KEY = "ACL301"
+_UNSEEN = {"divided": 0}
 
 
 def install(tracker) -> None:
     pending: dict[str, float | None] = {}
 
     def before_backward(tensors, scaled_by, via, **_) -> None:
-        if not tensors or via == "engine":
+        if not tensors or via == "engine" or _all_divided(tracker.states):
             pending["factor"] = None  # the engine normalises itself: counts as divided
         else:
             pending["factor"] = _graph.root_factor(tensors[0], scaled=scaled_by is not None)
@@ -31,9 +33,12 @@ def install(tracker) -> None:
     def after_backward(states, **_) -> None:
         factor = pending.pop("factor", 1.0)
         for st in states:
-            data = st.extra.setdefault(_KEY, {"undivided": 0, "divided": 0})
+            data = st.extra.get(_KEY)
+            if data is None:
+                data = st.extra[_KEY] = {"undivided": 0, "divided": 0}
             data["divided" if factor is None or factor != 1.0 else "undivided"] += 1
-            data["version"] = _grad_version(st)
+            if not data["divided"] and data["undivided"] >= 2:  # else the step cannot report
+                data["version"] = _grad_version(st)
 
     tracker.subscribe("backward_pre", before_backward)
     tracker.subscribe("backward", after_backward)
@@ -41,6 +46,12 @@ def install(tracker) -> None:
     tracker.subscribe("optimizer_step_pre", _before_step)
     tracker.subscribe("optimizer_step", lambda state, **_: state.extra.pop(_KEY, None))
     tracker.subscribe("zero_grad", _forget)
+
+
+def _all_divided(states) -> bool:
+    """Every optimizer already had a divided pass this window: no later pass can be reported,
+    so the graph walk (a few microseconds per micro-step) is skipped."""
+    return bool(states) and all(st.extra.get(_KEY, _UNSEEN)["divided"] for st in states)
 
 
 def _forget(states, **_) -> None:
