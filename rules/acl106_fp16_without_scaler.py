@@ -10,7 +10,7 @@ RULE = Rule(
     fix="none",
     runtime="full",
     static=False,
-    guard_levels=("warning",),
+    guard_levels=("error", "warning"),
     docs="""\
 ## What it does
 Flags `torch.autocast` / `torch.amp.autocast` on device `"cuda"` with `dtype` omitted or float16

@@ -209,12 +209,12 @@ def test_explain_and_list_rules(invoke):
         code: next(
             line for line in invoke("--explain", code).stdout.splitlines() if "guard:" in line
         )
-        for code in ("ACL101", "ACL106", "ACL601", "ACL311")
+        for code in ("ACL101", "ACL201", "ACL601", "ACL311")
     }
     assert runtime_lines == {
         "ACL101": "- Runtime guard: raises `guard.GuardError` (ACCEL_GUARD=raise, the default) "
         "or warns (warn mode)",
-        "ACL106": "- Runtime guard: warns, never raises in any mode",
+        "ACL201": "- Runtime guard: warns, never raises in any mode",
         "ACL601": "- Runtime guard: raises where the damage is certain, warns where it may be "
         "intended (see the runtime signal)",
         "ACL311": "- Runtime guard: not detectable at runtime",
