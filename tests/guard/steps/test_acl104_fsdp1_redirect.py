@@ -10,7 +10,8 @@ from __future__ import annotations
 def test_torch_clip_on_fsdp1_is_reported_and_returns_the_models_own_norm(two_ranks):
     for rank in two_ranks:
         [(code, level, count, message)] = rank["findings"]
-        assert (code, level, count) == ("ACL104", "warning", 3)  # once per step, one location
+        assert (code, level) == ("ACL104", "warning")
+        assert count == len(rank["norms"]) == 2  # once per step, at one location
         assert "the guard called model.clip_grad_norm_(max_norm) instead" in message
         assert rank["norms"] == rank["oracle_norms"]
         assert rank["oracle_findings"] == []  # FSDP's own clip is clean under the guard

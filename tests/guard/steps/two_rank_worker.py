@@ -20,7 +20,7 @@ from torch import nn
 
 import guard
 
-STEPS, MAX_NORM = 3, 0.05
+STEPS, MAX_NORM = 2, 0.05
 
 
 def _fsdp(use_orig_params: bool = False):
