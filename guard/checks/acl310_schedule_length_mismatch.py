@@ -51,6 +51,7 @@ class _Progress:
     """What one prepared scheduler has shown so far."""
 
     horizon: object = _UNKNOWN  # H, None when the schedule has no end to run out of
+    started: int | None = None  # optimizer steps taken before the scheduler's first one
     ended_at: int | None = None  # the optimizer step that first ran with the schedule over
     last_pass: _Pass | None = None  # the loader pass of its optimizer's latest step
     judged: bool = False
@@ -127,13 +128,19 @@ def _horizon(scheduler, entry: _Progress):
 
 def _exhausted(scheduler, entry: _Progress, step: int) -> bool:
     """Whether training has run more than 1.5x as long as the schedule lasted."""
+    if entry.started is None:
+        entry.started = step - 1  # a scheduler built mid-run counts from its own start
     if entry.ended_at is None:
         horizon = _horizon(scheduler, entry)
         if not horizon or getattr(scheduler, "last_epoch", 0) < horizon:
             return False
         entry.ended_at = step
-    lasted = entry.ended_at - 1  # optimizer steps taken while the schedule was running
-    return lasted >= 1 and (step - lasted) * 2 > lasted
+    lasted = _lasted(entry)  # optimizer steps taken while the schedule was running
+    return lasted >= 1 and (step - entry.started - lasted) * 2 > lasted
+
+
+def _lasted(entry: _Progress) -> int:
+    return entry.ended_at - 1 - entry.started
 
 
 def horizon_of(scheduler) -> int | None:
@@ -197,7 +204,7 @@ def _multiplier(accelerator, wrapper) -> int:
 
 
 def _report_exhausted(scheduler, entry, accelerator, wrapper, step, prepared_at) -> None:
-    lasted, horizon = entry.ended_at - 1, entry.horizon
+    lasted, horizon = _lasted(entry), entry.horizon
     m = _multiplier(accelerator, wrapper)
     hint = (
         f"; a prepared scheduler steps {m}x per optimizer step with {m} processes, so size it "
@@ -207,10 +214,11 @@ def _report_exhausted(scheduler, entry, accelerator, wrapper, step, prepared_at)
         else "; size it in optimizer steps for the whole run: "
         "ceil(len(train_dataloader) / gradient_accumulation_steps) * epochs"
     )
+    beyond = step - entry.started - lasted
     _warn(
-        f"{type(scheduler).__name__} was built for {horizon} steps and ran out after "
-        f"{lasted} optimizer steps, but training goes on (now at step {step}) with the learning "
-        f"rate at its end value{hint}",
+        f"{type(scheduler).__name__} was built for {horizon} steps and ran out after {lasted} "
+        f"optimizer steps, but training goes on ({beyond} steps so far) with the learning rate "
+        f"at its end value{hint}",
         prepared_at.get(scheduler),
     )
 

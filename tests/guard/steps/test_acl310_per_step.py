@@ -185,3 +185,35 @@ def test_acl310_with_two_processes_per_process_length_is_reported_during_trainin
         assert (code, level) == ("ACL310", "warning")
         assert "steps 2x per optimizer step with 2 processes" in message
         assert good["findings"] == [] and good["steps"] == 8
+
+
+def test_acl310_a_scheduler_built_mid_run_counts_from_its_own_start(all_codes):
+    """A second phase: 4 optimizer steps without a schedule, then one sized for 2 of the
+    remaining 8 steps; it ran out after 2 of its own steps, reported at its 4th (run step 8)."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=N)
+    model, opt = _model_and_optimizer()
+    model, opt, loader = accelerator.prepare(model, opt, _loader(8))
+    steps, reported_at = 0, None
+    sched = None
+    for epoch in range(EPOCHS):
+        if epoch == 1:
+            sched = accelerator.prepare(
+                torch.optim.lr_scheduler.OneCycleLR(opt, 0.05, total_steps=2)
+            )
+        for x, y in loader:
+            with accelerator.accumulate(model):
+                accelerator.backward(nn.functional.mse_loss(model(x), y))
+                opt.step()
+                if sched is not None:
+                    sched.step()
+                opt.zero_grad()
+            steps += int(accelerator.sync_gradients)
+            if reported_at is None and _acl310(all_codes):
+                reported_at = steps
+    assert reported_at == 8
+    [finding] = _acl310(all_codes)
+    assert "ran out after 2 optimizer steps, but training goes on (2 steps so far)" in (
+        finding.message
+    )
