@@ -34,7 +34,7 @@ class _Pass:
     """The samples gathered so far in one pass over an evaluation loader."""
 
     dataset_length: int
-    padded: int  # repeated samples in the last global batch (0: none)
+    padded: int  # repeated samples in the last global batch
     first_backward: int  # the tracker's backward counter when the pass began
     samples: int = 0  # summed over the finished batches
     batch: int = -1  # which batch the current gathers belong to
@@ -106,27 +106,28 @@ def install(tracker) -> None:
 
 
 def _prepared_pass(loader, state, tracker) -> _Pass | None:
-    """A pass over a prepared loader whose dataset length is known and not a whole number of
-    global batches (`state.remainder` > 0: the last global batch holds that many real samples)."""
+    """A pass over a prepared loader whose last global batch is padded: its dataset length is
+    known and leaves a remainder (`state.remainder` > 0 real samples in that batch); else None."""
     remainder = getattr(state, "remainder", -1)
     total_batch = getattr(loader, "total_batch_size", None)
+    if remainder is None or remainder <= 0 or not total_batch:
+        return None
     try:
-        length = int(getattr(loader, "total_dataset_length", len(loader.dataset)))
+        length = int(getattr(loader, "total_dataset_length", None) or len(loader.dataset))
     except (TypeError, AttributeError, NotImplementedError):
         return None
-    if remainder is None or remainder <= 0 or not total_batch:
-        return _Pass(length, 0, tracker.backward_id)
     return _Pass(length, total_batch - remainder, tracker.backward_id)
 
 
 def _sampler_pass(sampler, backward_id: int) -> _Pass | None:
-    """A pass over a DistributedSampler: it pads to `total_size` unless it drops the tail."""
+    """A pass over a DistributedSampler that pads to `total_size` (it does unless it drops the
+    tail); else None."""
     try:
         length = len(sampler.dataset)
     except (TypeError, AttributeError, NotImplementedError):
         return None
-    padded = max(int(getattr(sampler, "total_size", length)) - length, 0)
-    return _Pass(length, padded, backward_id)
+    padded = int(getattr(sampler, "total_size", length)) - length
+    return _Pass(length, padded, backward_id) if padded > 0 else None
 
 
 def _judge(evaluation: _Pass, tracker, world: int) -> None:
@@ -134,8 +135,7 @@ def _judge(evaluation: _Pass, tracker, world: int) -> None:
         return
     evaluation.judged = True
     total = evaluation.total()
-    evaluating = evaluation.first_backward == tracker.backward_id
-    if evaluating and evaluation.padded and total > evaluation.dataset_length:
+    if evaluation.first_backward == tracker.backward_id and total > evaluation.dataset_length:
         _report(evaluation, total, world)
 
 
