@@ -58,7 +58,7 @@ def install(tracker) -> None:
         if _across_ranks(state, optimizer, ddp_modules):
             _judge(_gathered_rows(counts if complete else None), distributed.world_size())
         elif complete and len(counts) >= 2:
-            _judge([_row(counts).tolist()], 1)
+            _judge([_local_row(counts)], 1)
 
     tracker.subscribe("backward_pre", before_backward)
     tracker.subscribe("backward", after_backward)
@@ -96,6 +96,12 @@ def _row(counts: list) -> torch.Tensor:
     n = torch.full((1,), float(len(counts)), dtype=torch.float64, device=tokens.device)
     stats = torch.stack([tokens.sum(), tokens.min(), tokens.max()])
     return torch.cat([torch.ones_like(n), n, stats])
+
+
+def _local_row(counts: list) -> list[float]:
+    """`_row` for one process from one kernel and one host read (a row's kernels cost ~50 us)."""
+    tokens = torch.stack([torch.as_tensor(c) for c in counts]).tolist()
+    return [1.0, float(len(tokens)), sum(tokens), min(tokens), max(tokens)]
 
 
 def _gathered_rows(counts: list | None) -> list[list[float]]:
