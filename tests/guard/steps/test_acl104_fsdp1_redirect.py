@@ -35,3 +35,14 @@ def test_clipping_part_of_an_fsdp1_model_raises_before_touching_gradients(two_ra
         subset = rank["subset"]
         assert subset["raised"] == "ACL104" and subset["grads_unchanged"]
         assert "on part of an FSDP model's parameters" in subset["message"]
+
+
+def test_no_shard_fsdp1_clips_with_torch_unreported(two_ranks):
+    """Must not flag: NO_SHARD ranks hold the full all-reduced gradients, so torch's clip on
+    them measures the true norm (FSDP's own clip_grad_norm_ calls it too)."""
+    for rank in two_ranks:
+        no_shard = rank["no_shard"]
+        assert no_shard["findings"] == []
+        torch_norm, fsdp_norm = no_shard["norms"]
+        assert torch_norm == fsdp_norm
+    assert two_ranks[0]["no_shard"]["norms"] == two_ranks[1]["no_shard"]["norms"]

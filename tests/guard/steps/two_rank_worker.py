@@ -23,12 +23,13 @@ import guard
 STEPS, MAX_NORM = 2, 0.05
 
 
-def _fsdp(use_orig_params: bool = False):
+def _fsdp(use_orig_params: bool = False, **kwargs):
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-    return FSDP(model, device_id=torch.device("cpu"), use_orig_params=use_orig_params)
+    cpu = torch.device("cpu")
+    return FSDP(model, device_id=cpu, use_orig_params=use_orig_params, **kwargs)
 
 
 def _batches(rank: int):
@@ -75,6 +76,23 @@ def subset(rank: int) -> dict:
             for b, p in zip(before, first_layer, strict=True)
         )
         return {"raised": error.code, "grads_unchanged": same, "message": str(error)}
+
+
+def no_shard(rank: int) -> dict:
+    """NO_SHARD keeps full, all-reduced gradients: torch's clip is right there (and FSDP's own
+    clip_grad_norm_ calls it): nothing to report or redirect."""
+    from torch.distributed.fsdp import ShardingStrategy
+
+    guard.reset()
+    norms = []
+    for use_torch in (True, False):
+        model = _fsdp(sharding_strategy=ShardingStrategy.NO_SHARD)
+        x, y = _batches(rank)[0]
+        nn.functional.mse_loss(model(x), y).backward()
+        clip = torch.nn.utils.clip_grad_norm_ if use_torch else None
+        norm = clip(model.parameters(), MAX_NORM) if clip else model.clip_grad_norm_(MAX_NORM)
+        norms.append(float(norm))
+    return {"findings": [f.code for f in guard.findings()], "norms": norms}
 
 
 def engine_schedule(global_batches: bool) -> dict:
@@ -134,6 +152,7 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
         "same_params": same,
         "trained": oracle["trained"],
         "subset": subset(rank),
+        "no_shard": no_shard(rank),
         "schedule_per_process": engine_schedule(global_batches=False),
         "schedule_global": engine_schedule(global_batches=True),
     }
