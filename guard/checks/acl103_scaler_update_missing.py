@@ -11,7 +11,8 @@ Reads torch's per-optimizer stage (private, feature-tested). Two signals:
 The second signal is judged by the backward's reach, not at the next forward: in a GAN loop the
 generator's forward and scaled backward run through the discriminator after `scaler.step(opt_d)`
 and before the single `update()`, but that backward also reaches the generator's optimizer,
-which is not stepped yet. Parameters never change before either signal fires.
+which is not stepped yet. Parameters never change before either signal fires. The one valid
+loop it refuses calls `update()` late, between the next iteration's backward and its step.
 """
 
 from __future__ import annotations
