@@ -8,11 +8,12 @@
   parameters cannot be redirected (FSDP clips the whole model): that is an error.
 
 FSDP1 models are noticed when they are built, through torch's public module-registration hook
-(FSDP1 registers the wrapped module as `_fsdp_wrapped_module`).
+(an FSDP1 wrapper registers the module it wraps as its child).
 """
 
 from __future__ import annotations
 
+import sys
 import weakref
 
 import torch
@@ -21,7 +22,6 @@ from guard import _patch, _report
 from guard.checks._common import report, scale_of
 
 CODES = ("ACL104",)
-_FSDP_CHILD = "_fsdp_wrapped_module"
 _fsdp_models: weakref.WeakSet = weakref.WeakSet()
 
 
@@ -36,12 +36,10 @@ def install(tracker) -> None:
     _patch.track(register(_note_fsdp))
 
 
-def _note_fsdp(module, name, _submodule):
-    if name == _FSDP_CHILD:
-        from torch.distributed.fsdp import FullyShardedDataParallel
-
-        if isinstance(module, FullyShardedDataParallel):
-            _fsdp_models.add(module)
+def _note_fsdp(module, _name, _submodule):
+    fsdp = sys.modules.get("torch.distributed.fsdp")  # none can exist before it is imported
+    if fsdp is not None and isinstance(module, fsdp.FullyShardedDataParallel):
+        _fsdp_models.add(module)
     return None
 
 
