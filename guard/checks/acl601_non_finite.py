@@ -39,7 +39,8 @@ CODES = ("ACL601",)
 OPTIONS = {"nonfinite_policy": "raise", "anomaly": 0}
 _LOSSES, _NORM = "ACL601.losses", "ACL601.norm"
 _RAW_LOSSES = "ACL601.raw_losses"  # detached unscaled losses since the last step
-# scaler -> (loss node, not-NaN flag) of a scaled loss that no backward has consumed yet
+# scaler -> (loss node, not-NaN flag) of a scaled loss that no backward, zero_grad or update
+# followed yet
 _UNCONSUMED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -50,6 +51,7 @@ def install(tracker) -> None:
     tracker.subscribe("scaler_step_pre", _before_scaler_step)
     tracker.subscribe("optimizer_step_pre", _before_step)
     tracker.subscribe("zero_grad", _after_zero_grad)
+    tracker.subscribe("update", lambda scaler, **_: _UNCONSUMED.pop(scaler, None))
 
 
 def _after_scale(scaler, outputs, scaled, **_) -> None:
@@ -108,6 +110,7 @@ def _after_clip(kind, states, result, **_) -> None:
 
 
 def _after_zero_grad(states, **_) -> None:
+    _UNCONSUMED.clear()  # a new iteration: an earlier scaled loss cannot be part of the next one
     for st in states:
         for key in (_LOSSES, _NORM, _RAW_LOSSES):
             st.extra.pop(key, None)
