@@ -28,7 +28,7 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return all(torch.equal(u, v) for u, v in zip(a, b, strict=True))
 
 
-def _gradient_penalty_steps(model, optimizer, scaler, x, y, steps: int) -> list[bool]:
+def _gradient_penalty_steps(model, optimizer, scaler, x, y, steps: int, bug=1.0) -> list[bool]:
     """The recipe of PyTorch's AMP examples ("Gradient penalty"); returns, per step, whether the
     penalty was non-finite."""
     non_finite = []
@@ -41,7 +41,7 @@ def _gradient_penalty_steps(model, optimizer, scaler, x, y, steps: int) -> list[
         grads = [g * inv_scale for g in scaled]
         with torch.autocast("cpu", dtype=torch.float16):
             penalty = torch.stack([g.pow(2).sum() for g in grads]).sum().sqrt()
-            loss = loss + penalty
+            loss = loss + penalty * bug
         non_finite.append(not bool(torch.isfinite(penalty.detach())))
         scaler.scale(loss).backward()
         scaler.step(optimizer)
@@ -73,6 +73,20 @@ def test_gradient_penalty_on_a_nan_loss_is_still_reported(guard_on):
     assert (finding.code, finding.level) == ("ACL601", "warning")
     assert "NaN before loss scaling" in finding.message
     assert _same(start, _params(model))  # the scaler skipped the step
+
+
+def test_a_penalty_that_is_nan_at_every_scale_ends_in_an_overflow_streak(guard_on):
+    """A NaN entering through the penalty is left to the scaler; when it is not an overflow, the
+    steps keep being skipped and ACL603 reports the streak."""
+    guard_on.configure(overflow_streak=3)
+    model, optimizer, scaler, x, y = _setup(init_scale=1024.0)
+    start = _params(model)
+    with pytest.raises(guard_on.GuardError) as info:
+        _gradient_penalty_steps(model, optimizer, scaler, x, y, 5, bug=float("nan"))
+    assert info.value.code == "ACL603"
+    assert "3 optimizer steps in a row" in str(info.value)
+    assert [f.code for f in guard_on.findings()] == ["ACL603"]
+    assert _same(start, _params(model))
 
 
 def _nan_in_backward(model, x, y) -> torch.Tensor:
