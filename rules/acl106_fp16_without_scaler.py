@@ -44,7 +44,9 @@ No autofix: bf16 and fp16 with a GradScaler are both valid cures, and which one 
 the hardware.
 
 ## At runtime
-A forward pre-hook checks whether CUDA autocast is enabled with dtype float16 while no enabled
-scaler is attached, and reports ACL106 (an error in engine mode, a warning in raw loops).
+While an fp16 autocast region is open, the guard tags the autograd nodes of fp16 module outputs;
+a backward with no enabled scaler whose graph runs through a tagged node reports ACL106 before
+autograd runs (an error in engine mode, a warning in raw loops). A frozen fp16 teacher, or an fp16
+evaluation that is never backpropagated, is not reported.
 """,
 )

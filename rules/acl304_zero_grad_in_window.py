@@ -51,6 +51,6 @@ into the next window.
 ## At runtime
 The guard wraps `zero_grad`: a call while the window holds 1 to N - 1 completed micro-steps whose
 gradients no step has consumed (counted per parameter with `register_post_accumulate_grad_hook`)
-raises ACL304.
+raises ACL304, unless those gradients hold inf/NaN (dropping a poisoned window is deliberate).
 """,
 )

@@ -46,9 +46,10 @@ come from.
 `engine.backward` records whether the loss is finite as a device-side flag that is read at the sync
 step, so there is no host sync per micro-step. At the sync step, before the optimizer runs and
 when no scaler is active, the total gradient norm (computed anyway for clipping) is checked for
-inf/NaN. In fp16 a non-finite unscaled loss is reported apart from scaler overflows. By default
-the guard raises; a configurable policy skips the step and clears the gradients instead, and the
-offending micro-batch can optionally be re-run under `torch.autograd.detect_anomaly()` to name the
-first operation that produced the NaN.
+inf/NaN. In fp16 a non-finite unscaled loss is reported apart from scaler overflows (a NaN that
+enters the loss only through scaled gradients, as in the gradient-penalty recipe, is an overflow).
+By default the guard raises; a configurable policy skips the step and clears the gradients
+instead. With `ACCEL_GUARD_ANOMALY=1` (or `guard.configure(anomaly=1)`), autograd's anomaly mode
+is on from the first finding, so the next backward that produces a NaN names the operation.
 """,
 )
