@@ -10,6 +10,7 @@ RULE = Rule(
     fix="none",
     runtime="full",
     static=False,
+    guard_levels=("error", "warning"),
     docs="""\
 ## What it does
 Flags two or more `accumulate(` entries per loop iteration (in sequence or nested); two or more

@@ -110,15 +110,30 @@ def _report_second_backward(states, k: int) -> None:
 
 
 def _report_mixed_sync(accelerator, flags) -> None:
+    """An error when a model waits on the sync step (its replicas diverge); a warning otherwise.
+
+    A model left out of `accumulate()` all-reduces on every micro-step: correct numbers, wasted
+    communication. A model kept under `no_sync()` on the sync step never syncs that window.
+    """
     calls = ", ".join(
         f"model {i} ({name}) {'all-reduces in its backward' if sync else 'waits under no_sync()'}"
         for i, (sync, name) in enumerate(flags, start=1)
     )
+    n = accelerator.gradient_accumulation_steps
+    if accelerator.sync_gradients:
+        consequence = (
+            "this is the sync step, so the waiting model's replicas keep their local gradients "
+            "and diverge"
+        )
+    else:
+        consequence = (
+            f"a model left out of accelerator.accumulate() all-reduces on every micro-step, "
+            f"{n}x the communication of a window"
+        )
     report(
         "ACL309",
         f"DDP models called in one micro-step disagree on gradient sync: {calls} (in call order; "
-        f"N={accelerator.gradient_accumulation_steps}): a model trained in the window but left "
-        "out of accelerator.accumulate() syncs on every micro-step, and one kept under no_sync() "
-        "on the sync step never syncs, so its replicas diverge; enter once with every model "
-        "trained in the window: `with accelerator.accumulate(model_a, model_b):`",
+        f"N={n}): {consequence}; enter once with every model trained in the window: "
+        "`with accelerator.accumulate(model_a, model_b):`",
+        "error" if accelerator.sync_gradients else "warning",
     )

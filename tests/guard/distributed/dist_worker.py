@@ -133,8 +133,10 @@ def token_means_accelerate(guard, lengths: list[int]) -> list:
 # -- ACL309 ----------------------------------------------------------------------------------------
 
 
-def two_towers(guard, enter_both: bool) -> dict:
-    """Two DDP towers trained by one optimizer; accumulate() entered with one or both."""
+def two_towers(guard, entered: str) -> dict:
+    """Two DDP towers trained by one optimizer; accumulate() entered with `entered` = "both",
+    "one" (tower_b left out: it syncs every micro-step) or "one+no_sync" (tower_b also kept
+    under no_sync(), so it never syncs)."""
     guard.reset()
     accelerator = new_accelerator(gradient_accumulation_steps=N)
     torch.manual_seed(0)
@@ -144,17 +146,25 @@ def two_towers(guard, enter_both: bool) -> dict:
     x = torch.randn(32, 8, generator=generator)
     loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4)
     tower_a, tower_b, opt, loader = accelerator.prepare(tower_a, tower_b, opt, loader)
-    models = (tower_a, tower_b) if enter_both else (tower_a,)
+    models = (tower_a, tower_b) if entered == "both" else (tower_a,)
+    tower_b_context = tower_b.no_sync if entered == "one+no_sync" else nullcontext
+    start = torch.cat([flat(tower_a), flat(tower_b)])
     try:
         for xb, yb in loader:
-            with accelerator.accumulate(*models):
+            with accelerator.accumulate(*models), tower_b_context():
                 loss = F.mse_loss(tower_a(xb) + tower_b(xb), yb)
                 accelerator.backward(loss)
                 opt.step()
                 opt.zero_grad()
     except guard.GuardError as error:
         no_grads = all(p.grad is None for p in [*tower_a.parameters(), *tower_b.parameters()])
-        return {"raised": error.code, "message": str(error), "before_backward": no_grads}
+        unchanged = torch.equal(start, torch.cat([flat(tower_a), flat(tower_b)]))
+        return {
+            "raised": error.code,
+            "message": str(error),
+            "before_backward": no_grads,
+            "params_unchanged": unchanged,
+        }
     params = torch.cat([flat(tower_a), flat(tower_b)])
     return {
         "raised": None,
@@ -257,8 +267,9 @@ def cases(guard) -> dict:
         "acl308_raw_sum": token_means_raw(guard, [1, 1] if rank == 0 else [8, 8], "sum"),
         "acl308_one_rank": token_means_one_rank_only(guard),
         "acl308_accelerate": token_means_accelerate(guard, [1, 1] if rank == 0 else [8, 8]),
-        "acl309_one_tower": two_towers(guard, enter_both=False),
-        "acl309_both_towers": two_towers(guard, enter_both=True),
+        "acl309_one_tower": two_towers(guard, "one"),
+        "acl309_one_tower_no_sync": two_towers(guard, "one+no_sync"),
+        "acl309_both_towers": two_towers(guard, "both"),
         "acl403": {
             f"{how}_{samples}": accelerate_eval(guard, samples, 8, how)
             for samples in (uneven, even)

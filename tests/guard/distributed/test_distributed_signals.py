@@ -81,16 +81,35 @@ def test_acl308_silent_for_equal_counts_token_sums_and_a_rank_without_token_mean
 # -- ACL309 ----------------------------------------------------------------------------------------
 
 
-def test_acl309_tower_left_out_of_accumulate_raises_before_its_backward(ranks):
+def test_acl309_tower_left_out_of_accumulate_warns_it_syncs_every_micro_step(ranks):
+    """Correct numbers, N-fold communication: a warning, so raise mode trains on."""
     for rank in ranks:
         result = rank["acl309_one_tower"]
-        assert result["raised"] == "ACL309"
+        assert result["raised"] is None
+        assert result["replicas_equal"]
+        by_code = {code: (level, message) for code, level, message in result["findings"]}
+        # tower_b's every-micro-step all-reduce is also ACL401's signal (both warnings)
+        assert sorted(by_code) == ["ACL309", "ACL401"]
+        level, message = by_code["ACL309"]
+        assert level == "warning"
         assert (  # tower_a entered accumulate(), tower_b was left out
             "disagree on gradient sync: model 1 (Linear) waits under no_sync(), "
-            "model 2 (Sequential) all-reduces in its backward (in call order; N=2)"
+            "model 2 (Sequential) all-reduces in its backward (in call order; N=2): a model "
+            "left out of accelerator.accumulate() all-reduces on every micro-step"
+        ) in message
+
+
+def test_acl309_tower_waiting_on_the_sync_step_raises_before_its_backward(ranks):
+    for rank in ranks:
+        result = rank["acl309_one_tower_no_sync"]
+        assert result["raised"] == "ACL309"
+        assert (
+            "model 1 (Linear) all-reduces in its backward, model 2 (Sequential) waits under "
+            "no_sync() (in call order; N=2): this is the sync step"
         ) in result["message"]
+        assert result["before_backward"] is False  # the first window's micro-step ran
+        assert result["params_unchanged"]  # ... but no optimizer step applied it
         assert "dist_worker.py:" in result["message"]  # the user's line
-        assert result["before_backward"]
 
 
 def test_acl309_one_entry_with_both_towers_is_clean_and_replicas_agree(ranks):
@@ -111,6 +130,7 @@ def test_acl403_gather_over_a_padded_pass_reports_the_counted_samples(ranks, how
     for rank in ranks:
         result = rank["acl403"][f"{how}_{samples}"]
         assert result["seen"] == kept > samples  # the loop really saw the padding
+        print(result["findings"])
         [(code, level, message)] = result["findings"]
         assert (code, level) == ("ACL403", "warning")
         assert message.startswith(
