@@ -14,6 +14,7 @@ import torch
 
 from guard import _report
 from guard.checks import _graph
+from guard.checks import acl308_token_mean_under_accumulation as token_means
 from guard.checks._common import report
 
 _FACTOR_ROOTS = ("DivBackward0", "MulBackward0")
@@ -169,6 +170,9 @@ class NonFinite:
             )
 
 
+ADVICE = "use engine.backward(loss_sum, num_items=valid_tokens) for the exact token mean"
+
+
 class TokenMeans:
     """ACL308: token means averaged over a window (and ranks) with very different token counts.
 
@@ -187,30 +191,19 @@ class TokenMeans:
         if count is not None:
             self._counts.append(count)
 
-    def check(self, world: int, gather: Any) -> None:
-        """`gather` concatenates a tensor over ranks (a collective: every rank calls it)."""
+    def check(self, world: int) -> None:
+        """Once per sync step. With W > 1 every rank enters the gather, whatever it saw (a
+        collective entered by some ranks only would pair with the next one, or hang)."""
         counts, calls = self._counts, self._calls
         self._counts, self._calls = [], 0
-        if not counts or len(counts) != calls or calls * world < 2:
+        if not _report.enabled("ACL308"):  # the same answer on every rank
             return
-        if not _report.enabled("ACL308"):  # once per window, not on every micro-step
-            return
-        tokens = gather(torch.stack(counts).float()).tolist()  # one host read
-        if min(tokens) <= 0:
-            return
-        mean = sum(tokens) / len(tokens)
-        bias = max(abs(mean / t - 1) for t in tokens)
-        if bias <= float(_report.option("token_bias", 0.25)):
-            return
-        shortest, longest = min(tokens), max(tokens)
-        report(
-            "ACL308",
-            f"{len(tokens)} micro-batches (all ranks) with {shortest:g} to {longest:g} valid "
-            f"tokens were each averaged over their own tokens: a token of the shortest weighs "
-            f"{longest / shortest:.1f}x one of the longest (bias {bias:.0%}); use "
-            "engine.backward(loss_sum, num_items=valid_tokens) for the exact token mean",
-            "warning",
-        )
+        complete = bool(counts) and len(counts) == calls
+        if world > 1:
+            rows = token_means.gathered_rows(counts if complete else None)
+            token_means.judge(rows, world, ADVICE)
+        elif complete and len(counts) >= 2:
+            token_means.judge([token_means.local_row(counts)], 1, ADVICE)
 
 
 class OverflowStreak:

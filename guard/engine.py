@@ -296,7 +296,7 @@ class Engine:
         self._grads_ready = True
         if not TRACKER.active:
             self._nonfinite.check(scaled=self.scaler is not None)
-        self._token_means.check(self.num_processes, distributed.gather)
+        self._token_means.check(self.num_processes)
         if self.tail == "accelerate" and self._window.is_tail and not self._tail_noted:
             self._tail_noted = True
             checks.tail_weight(self._window.length, self.gradient_accumulation_steps)

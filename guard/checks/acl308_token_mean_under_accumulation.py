@@ -56,9 +56,9 @@ def install(tracker) -> None:
         counts = state.extra.pop(_KEY, None)
         complete = bool(counts) and len(counts) == state.backwards
         if _across_ranks(state, optimizer, ddp_modules):
-            _judge(_gathered_rows(counts if complete else None), distributed.world_size())
+            judge(gathered_rows(counts if complete else None), distributed.world_size())
         elif complete and len(counts) >= 2:
-            _judge([_local_row(counts)], 1)
+            judge([local_row(counts)], 1)
 
     tracker.subscribe("backward_pre", before_backward)
     tracker.subscribe("backward", after_backward)
@@ -98,20 +98,24 @@ def _row(counts: list) -> torch.Tensor:
     return torch.cat([torch.ones_like(n), n, stats])
 
 
-def _local_row(counts: list) -> list[float]:
+def local_row(counts: list) -> list[float]:
     """`_row` for one process from one kernel and one host read (`_row` runs eight kernels)."""
     tokens = torch.stack([torch.as_tensor(c) for c in counts]).tolist()
     return [1.0, float(len(tokens)), sum(tokens), min(tokens), max(tokens)]
 
 
-def _gathered_rows(counts: list | None) -> list[list[float]]:
+def gathered_rows(counts: list | None) -> list[list[float]]:
     """Every rank's row (zeros for a rank with no complete window): one all_gather, one read."""
     device = distributed.collective_device()
     row = _row(counts).to(device) if counts else torch.zeros(5, dtype=torch.float64, device=device)
     return distributed.gather(row.unsqueeze(0)).tolist()
 
 
-def _judge(rows: list[list[float]], world: int) -> None:
+RAW_ADVICE = "sum the token losses (reduction='sum') and divide by the window's token count"
+
+
+def judge(rows: list[list[float]], world: int, advice: str = RAW_ADVICE) -> None:
+    """Report when every rank's window is complete and the measured bias exceeds `token_bias`."""
     if not all(complete for complete, *_ in rows):
         return
     n = int(sum(row[1] for row in rows))
@@ -127,7 +131,6 @@ def _judge(rows: list[list[float]], world: int) -> None:
         "ACL308",
         f"{n} micro-batches{where} with {shortest:g} to {longest:g} valid tokens were each "
         f"averaged over their own tokens, then over the window: a token of the shortest weighs "
-        f"{longest / shortest:.1f}x one of the longest (bias {bias:.0%}); sum the token losses "
-        "(reduction='sum') and divide by the window's token count",
+        f"{longest / shortest:.1f}x one of the longest (bias {bias:.0%}); {advice}",
         level="warning",
     )

@@ -159,6 +159,28 @@ def token_counts_differ_across_ranks():
     return found
 
 
+def token_mean_on_one_rank_only():
+    """Rank 0 uses a token-mean loss, rank 1 a token sum divided by hand: the ranks see different
+    things at the sync step, yet both must enter ACL308's gather (or the next collective, this
+    case's own gather, would pair with it and hang or mix data)."""
+    guard.reset()
+    engine = guard.Engine("no", gradient_accumulation_steps=2)
+    model = make_token_model()
+    model, opt = engine.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    tokens = torch.randint(0, 11, (2, 10))
+    for _ in range(2):
+        with engine.accumulate(model):
+            if engine.process_index == 0:
+                engine.backward(token_loss(model, tokens, tokens, "mean"))
+            else:
+                engine.backward(token_loss(model, tokens, tokens, "sum") / tokens.numel())
+            opt.step()
+    ranks = engine.gather(torch.tensor([float(engine.process_index)])).tolist()
+    found = sorted(f.code for f in guard.findings())
+    guard.reset()
+    return {"ranks": ranks, "found": found}
+
+
 def user_wrapped_ddp(n: int):
     """A model the caller wrapped in DDP is kept as is, and accumulate() still applies no_sync."""
     engine = guard.Engine("no", gradient_accumulation_steps=n)

@@ -106,6 +106,11 @@ def test_acl308_sees_token_counts_of_all_ranks(ddp_pool):
     assert ddp_pool.run(ddp_cases.token_counts_differ_across_ranks) == [["ACL308"]] * W
 
 
+def test_acl308_gather_pairs_up_when_one_rank_saw_no_token_mean(ddp_pool):
+    results = ddp_pool.run(ddp_cases.token_mean_on_one_rank_only)
+    assert results == [{"ranks": [0.0, 1.0], "found": []}] * W
+
+
 def test_a_user_wrapped_ddp_model_is_kept_and_accumulated(ddp_pool):
     results = ddp_pool.run(ddp_cases.user_wrapped_ddp, n=N)
     assert results == [{"same_object": True, "allreduces": 1}] * W
