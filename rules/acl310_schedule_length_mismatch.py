@@ -44,10 +44,14 @@ model, opt, dl, sched = accelerator.prepare(model, opt, dl, sched)
 No autofix: the intended schedule length is the user's decision.
 
 ## At runtime
-Heuristic: at each real optimizer step the guard compares `scheduler.last_epoch` with the engine's
-optimizer-step count times the expected multiplier. After the first epoch it projects where the
-schedule will be at the planned end of training and reports ACL310 when it will run out early or
-stop far short. For opaque (lambda-based) schedules it reports a learning rate that reaches its
-floor long before the planned end.
+Heuristic, a warning. The guard reads the schedule's own length H (`total_steps`, `T_max`,
+`total_iters` of a decaying schedule; for a `LambdaLR`, the step where its factor falls below
+1e-3 of its peak) and counts real optimizer steps from the scheduler's first step. A schedule that
+ran out is reported during training, once the run has gone past H by half of H again (a
+schedule sized per process in a 2-process run shows up this way). A schedule that stops far short
+of its end is judged at exit, and only when the run ended at the end of a loader pass (a
+`max_steps` budget that stops mid-epoch is not flagged). The guard cannot know the planned number
+of epochs, so it does not project the end of training after the first epoch; warm-up-only
+schedules, `ReduceLROnPlateau` and `SequentialLR` are not judged.
 """,
 )
