@@ -8,6 +8,8 @@ Modes (environment): ACCEL_GUARD=raise (default: errors raise `guard.GuardError`
 warnings warn), ACCEL_GUARD=warn (nothing raises; each finding is printed once and a summary
 table with code, count, first step and file:line is printed at exit), ACCEL_GUARD=off.
 ACCEL_GUARD_REPORT=findings.json also writes the findings as JSON at exit (all processes).
+Check options: ACCEL_GUARD_TOKEN_BIAS=0.25, ACCEL_GUARD_OVERFLOW_STREAK=20,
+ACCEL_GUARD_NONFINITE_POLICY=raise|skip, ACCEL_GUARD_ANOMALY=0|1 (or `guard.configure(...)`).
 
 Distributed launchers: the guard goes between the launcher and the script, and every worker
 process installs it (a `sitecustomize` on PYTHONPATH covers processes the script spawns itself,
