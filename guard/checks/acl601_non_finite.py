@@ -27,6 +27,7 @@ turns it off again.
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections import deque
 
@@ -103,6 +104,19 @@ def _all_finite(losses: list[torch.Tensor] | None) -> torch.Tensor | None:
     return torch.isfinite(torch.cat([loss.reshape(-1).float() for loss in losses])).all()
 
 
+def _all_scalars_finite(norm, losses) -> bool:
+    """The usual step, cheaply: the norm and the 0-dim losses in one stack and one host read
+    (instead of the five kernels of `_all_finite` and `_problem`). False means "not known
+    finite": the full path then decides and words the finding."""
+    values = ([] if norm is None else [norm]) + (losses or [])
+    if not values or any(v.dim() for v in values):
+        return False
+    try:
+        return all(map(math.isfinite, torch.stack(values).tolist()))
+    except RuntimeError:  # e.g. losses on another device than the norm
+        return False
+
+
 def _after_clip(kind, states, result, **_) -> None:
     if kind == "norm" and isinstance(result, torch.Tensor):
         for st in states:
@@ -135,11 +149,12 @@ def _before_step(optimizer, state, in_scaler_step, **_) -> None:
     losses = state.extra.pop(_RAW_LOSSES, None)
     if in_scaler_step or state.scaled_pending:
         return  # the scaler's inf check runs (or ACL102 reports the bypass)
-    loss_finite = _all_finite(losses)
     norm = state.extra.pop(_NORM, None)
     if norm is None:
         norm = _grad_norm(optimizer)
-    what = _problem(norm, loss_finite)
+    if _all_scalars_finite(norm, losses):
+        return
+    what = _problem(norm, _all_finite(losses))
     if what is None:
         return
     if _report.option("nonfinite_policy", OPTIONS["nonfinite_policy"]) == "skip":
