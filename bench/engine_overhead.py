@@ -41,6 +41,8 @@ import torch.nn.functional as F
 from _mlp import make_model  # bench/ is on sys.path when a bench script runs
 from torch.utils.data import DataLoader, TensorDataset
 
+import guard
+
 N = 4
 VARIANTS = ("plain", "engine", "accelerate")
 WARM_UP_WINDOWS = 8
@@ -164,8 +166,6 @@ def keep_freed_memory() -> None:
 
 
 def main() -> None:
-    import guard  # here, not at the top: guard_overhead's unguarded worker imports these helpers
-
     keep_freed_memory()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--width", type=int, default=512)

@@ -1,24 +1,29 @@
 """Cost of the guard's runtime checks: a plain loop without and with them, and guard.Engine.
 
-Three variants train the same MLP (width 512 by default, CPU, fp32, 4-step accumulation with
-loss / 4, gradient clipping at the step, AdamW, batches from a DataLoader):
+Three variants train an MLP (width 512 by default, CPU, fp32, 4-step accumulation with loss / 4,
+gradient clipping at the step, AdamW, batches from a DataLoader):
 
-    plain         a hand-written loop; its process never imports guard
-    plain+guard   the same loop with the checks installed (`import guard`; nothing fires)
+    plain         a hand-written loop, the guard uninstalled (torch exactly as without it)
+    plain+guard   the same loop, the same model, optimizer and batches, the checks installed
+                  (as by `import guard`; nothing fires)
     engine+guard  guard.Engine with the checks installed
 
 The design is bench/engine_overhead.py's (its helpers are imported): rounds run one window of
 N micro-steps of each variant in a shuffled order, time is CPU time with one torch thread,
 glibc keeps freed memory, and the overhead in microseconds is the median of the per-round
-differences with its interquartile range. One difference: the checks are process-wide, so
-each variant lives in its own worker process, started once and kept for the whole run (the
-guarded ones stay installed, as in a real run; uninstalling between windows would reset the
-checks' state). The workers take turns: only the one running a window is busy, and each times
-its own window, so the workers do not disturb each other's figures.
+differences with its interquartile range. What differs, because the checks are process-wide:
+
+- plain and plain+guard are one loop in this process, the guard installed or uninstalled
+  between windows. Sharing the tensors matters: two processes (or two models) that differ only
+  in where their memory landed differ by about 1% on a loaded 2-core machine, as much as the
+  effect measured. Each timed window follows an untimed one of the same variant, so the guard
+  has seen a whole window (as in any run past its first step) and both variants start warm.
+- engine+guard keeps its own worker process, installed throughout (uninstalling would drop
+  what the engine told the guard at `prepare`); its figures carry that process's placement.
 
 Target (issue): plain+guard / plain <= 1.05 at width 512.
 
-    python bench/guard_overhead.py [--width 512] [--rounds 800] [--batches 64] [--batch-size 64]
+    python bench/guard_overhead.py [--width 512] [--rounds 400] [--batches 64] [--batch-size 64]
         [--threads 1] [--clock cpu|wall]
 """
 
@@ -32,7 +37,7 @@ import random
 import statistics
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -49,6 +54,8 @@ from engine_overhead import (
     window_timer,
 )
 from torch.utils.data import DataLoader
+
+import guard
 
 VARIANTS = ("plain", "plain+guard", "engine+guard")
 
@@ -70,8 +77,6 @@ def plain_windows(width: int, loader: DataLoader) -> Iterator[None]:
 
 def engine_windows(width: int, loader: DataLoader) -> Iterator[None]:
     """The same training through guard.Engine's Accelerate-style loop."""
-    import guard
-
     engine = guard.Engine(gradient_accumulation_steps=N, device="cpu")
     model = make_model(width)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -88,52 +93,46 @@ def engine_windows(width: int, loader: DataLoader) -> Iterator[None]:
                 yield
 
 
-def worker(variant: str, args: argparse.Namespace, conn: Connection) -> None:
-    """Run one variant's windows on request: receives True (run one) or False (stop).
+def engine_worker(args: argparse.Namespace, conn: Connection) -> None:
+    """Run engine+guard windows on request: receives True (run one) or False (stop).
 
     Answers each request with the window's seconds; at the stop, with the guard's findings
     (empty when nothing fired). Any exception goes back as its traceback text.
     """
     try:
+        guard.configure(mode="raise")  # nothing may fire: a finding stops the benchmark
         torch.set_num_threads(args.threads)
-        if variant != "plain":
-            import guard
-
-            guard.configure(mode="raise")  # nothing may fire: a finding stops the benchmark
         loader = make_loader(args.width, args.batches, args.batch_size)
-        build = plain_windows if variant.startswith("plain") else engine_windows
-        clock = time.process_time if args.clock == "cpu" else time.perf_counter
-        run = window_timer(build(args.width, loader), clock)
+        run = window_timer(engine_windows(args.width, loader), clock_of(args))
         for _ in range(WARM_UP_WINDOWS):
             run()
         gc.collect()
         gc.freeze()  # later full collections skip the long-lived objects
         while conn.recv():
             conn.send(run())
-        conn.send(_findings(variant))
+        conn.send(findings_text())
     except BaseException:
         conn.send(traceback.format_exc())
     finally:
         conn.close()
 
 
-def _findings(variant: str) -> str:
-    """The guard's summary when it reported anything in this worker, else ""."""
-    if variant == "plain":
-        return ""
-    import guard
-
+def findings_text() -> str:
+    """The guard's summary when it reported anything in this process, else ""."""
     return guard.summary_text() if guard.findings() else ""
 
 
-class Remote:
-    """A `measure` runner backed by a worker process: each call runs one window there."""
+def clock_of(args: argparse.Namespace) -> Callable[[], float]:
+    return time.process_time if args.clock == "cpu" else time.perf_counter
 
-    def __init__(self, variant: str, args: argparse.Namespace) -> None:
-        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no guard inherited
-        self.variant = variant
+
+class Remote:
+    """A `measure` runner backed by the engine's worker process: each call runs one window."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=worker, args=(variant, args, child), daemon=True)
+        self.process = context.Process(target=engine_worker, args=(args, child), daemon=True)
         self.process.start()
         child.close()
 
@@ -153,8 +152,24 @@ class Remote:
     def _answer(self) -> Any:
         answer = self.conn.recv()
         if isinstance(answer, str) and answer.startswith("Traceback"):
-            raise RuntimeError(f"the {self.variant} worker failed:\n{answer}")
+            raise RuntimeError(f"the engine worker failed:\n{answer}")
         return answer
+
+
+class Toggled:
+    """A `measure` runner for the shared plain loop: guard on or off, one untimed window, then
+    one timed window."""
+
+    def __init__(self, timer: Callable[[], float], checks: bool) -> None:
+        self.timer, self.checks = timer, checks
+
+    def __call__(self) -> float:
+        if self.checks:
+            guard.install()
+        else:
+            guard.uninstall()
+        self.timer()
+        return self.timer()
 
 
 def report(samples: dict[str, list[float]]) -> None:
@@ -173,7 +188,7 @@ def main() -> None:
     keep_freed_memory()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--width", type=int, default=512)
-    parser.add_argument("--rounds", type=int, default=800, help="windows per variant")
+    parser.add_argument("--rounds", type=int, default=400, help="timed windows per variant")
     parser.add_argument("--batches", type=int, default=64, help="micro-steps per epoch")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
@@ -181,7 +196,7 @@ def main() -> None:
         "--clock",
         choices=["cpu", "wall"],
         default="cpu",
-        help="cpu: each worker's CPU time (robust on a shared machine); wall: perf_counter",
+        help="cpu: process CPU time (robust on a shared machine); wall: perf_counter",
     )
     args = parser.parse_args()
     if args.batches % N:
@@ -190,15 +205,22 @@ def main() -> None:
     print(
         f"MLP width {args.width}, batch {args.batch_size}, N={N}, fp32, AdamW, clip at the "
         f"step, {args.batches} micro-steps per epoch, {args.rounds} rounds of one window each, "
-        f"torch threads {args.threads}, {args.clock} clock, one worker process per variant, "
+        f"torch threads {args.threads}, {args.clock} clock, "
         f"MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_', 'unset')}"
     )
     print("medians per micro-step; overhead = median of per-round differences ± IQR")
-    remotes = {name: Remote(name, args) for name in VARIANTS}
+    remote = Remote(args)
+    guard.configure(mode="raise")  # nothing may fire: a finding stops the benchmark
+    torch.set_num_threads(args.threads)
+    loader = make_loader(args.width, args.batches, args.batch_size)
+    timer = window_timer(plain_windows(args.width, loader), clock_of(args))
+    runners = {"plain": Toggled(timer, False), "plain+guard": Toggled(timer, True)}
     try:
-        samples = measure(dict(remotes), args.rounds)
+        samples = measure({**runners, "engine+guard": remote}, args.rounds)
     finally:
-        fired = {name: remote.stop() for name, remote in remotes.items()}
+        fired = {"engine+guard": remote.stop()}
+    guard.install()
+    fired["plain+guard"] = findings_text()
     for name, text in fired.items():
         if text:
             raise SystemExit(f"the guard reported findings in {name}, figures void:\n{text}")

@@ -11,6 +11,7 @@ from typing import Any
 _FACTOR_NODES = {"DivBackward0": -1, "MulBackward0": 1}
 _MAX_NODES = 32  # bound the walk: a loss graph's root chain is short, the graph behind it is not
 _MAX_LOSS_NODES = 8  # a cross-entropy's NLL node sits within a few nodes of the loss
+_NLL_NODES = ("NllLossBackward0", "NllLoss2DBackward0")
 
 
 def _scalar(value: Any) -> float | None:
@@ -56,18 +57,21 @@ def token_mean_count(loss: Any) -> Any:
     first `NllLossBackward0` found has `reduction == mean`; None for sums or non-token losses.
     """
     node = getattr(loss, "grad_fn", None)
-    frontier, seen = [node] if node is not None else [], 0
-    while frontier and seen < _MAX_LOSS_NODES:
-        node = frontier.pop(0)
-        seen += 1
-        if type(node).__name__ in ("NllLossBackward0", "NllLoss2DBackward0"):
+    frontier = [node] if node is not None else []
+    for seen, node in enumerate(frontier):  # breadth-first: the loop visits what it appends
+        if seen == _MAX_LOSS_NODES:
+            return None
+        if type(node).__name__ in _NLL_NODES:
             try:
                 reduction, total = node._saved_reduction, node._saved_total_weight
             except (AttributeError, RuntimeError):
                 return None
             return total if reduction == 1 else None
         try:
-            frontier.extend(fn for fn, _ in node.next_functions if fn is not None)
+            children = node.next_functions
         except (AttributeError, RuntimeError):
             return None
+        for child, _ in children:  # plain loops: this runs every micro-step, generators cost
+            if child is not None:
+                frontier.append(child)
     return None
