@@ -144,9 +144,17 @@ def enabled(code: str) -> bool:
     s = _state.settings
     if s.mode == "off":
         return False
-    selected = max((len(p) for p in s.select if code.startswith(p)), default=-1)
-    ignored = max((len(p) for p in s.ignore if code.startswith(p)), default=-1)
-    return selected > ignored
+    return _longest_prefix(code, s.select) > _longest_prefix(code, s.ignore)
+
+
+def _longest_prefix(code: str, prefixes: tuple[str, ...]) -> int:
+    """Length of the longest of `prefixes` that `code` starts with, -1 if none (a plain loop:
+    `enabled` runs every micro-step, where a generator's frames cost more than the test)."""
+    longest = -1
+    for prefix in prefixes:
+        if len(prefix) > longest and code.startswith(prefix):
+            longest = len(prefix)
+    return longest
 
 
 def set_step(step: int) -> None:

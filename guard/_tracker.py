@@ -341,15 +341,18 @@ class Tracker:
             st.contrib_backwards = st.contrib_scaled = 0
 
     def _step_pre(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
-        if optimizer in self.optimizers or self._is_real_optimizer(optimizer):
+        st = self.optimizers.get(optimizer)  # one lookup for a known optimizer, every step
+        if st is None:
+            if not self._is_real_optimizer(optimizer):
+                return  # a wrapper: its inner optimizer's own step is the one counted
             st = self.state(optimizer)
-            self.emit(
-                "optimizer_step_pre",
-                optimizer=optimizer,
-                state=st,
-                in_scaler_step=self.flags.scaler_step is not None,
-                via_wrapper=self.flags.step_wrapper,
-            )
+        self.emit(
+            "optimizer_step_pre",
+            optimizer=optimizer,
+            state=st,
+            in_scaler_step=self.flags.scaler_step is not None,
+            via_wrapper=self.flags.step_wrapper,
+        )
 
     def _step_post(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         st = self.optimizers.get(optimizer)
