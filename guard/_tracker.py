@@ -152,6 +152,7 @@ class Tracker:
         self.accelerators: list[Any] = []  # weakrefs, most recent last
         self.backward_id = 0
         self.max_steps = 0
+        self.scaled = False  # an enabled GradScaler has scaled a tensor since install
         self._param_owner: dict[int, tuple[Any, OptState]] = {}
         self.states: list[OptState] = []  # the live optimizers' states, cheap to scan
 
@@ -258,7 +259,9 @@ class Tracker:
             if flags.backward_depth:  # reentrant (e.g. activation checkpointing): not a new pass
                 return original(tensors, *args, **kwargs)
             roots = _tensor_roots(tensors)
-            scaled_by = getattr(roots[0], "_guard_scaled_by", None) if roots else None
+            scaled_by = (  # an attribute miss costs an exception: only once a scaler scaled
+                getattr(roots[0], "_guard_scaled_by", None) if roots and tracker.scaled else None
+            )
             via = flags.owner
             tracker.emit("backward_pre", tensors=roots, scaled_by=scaled_by, via=via)
             tracker.backward_id += 1
@@ -318,7 +321,9 @@ class Tracker:
 
         @_patch.wraps_original(zero_grad)
         def optimizer_zero_grad(opt, set_to_none: bool = True):
-            tracker._zero_grad(opt, [tracker.state(opt)], set_to_none)
+            tracker._zero_grad(
+                opt, [tracker.optimizers.get(opt) or tracker.state(opt)], set_to_none
+            )
             return zero_grad(opt, set_to_none)
 
         _patch.patch(torch.optim.Optimizer, "zero_grad", optimizer_zero_grad)
@@ -393,6 +398,7 @@ class Tracker:
                 for t in scaled if isinstance(scaled, (list, tuple)) else (scaled,):
                     if isinstance(t, torch.Tensor):
                         t._guard_scaled_by = scaler
+                        tracker.scaled = True
                 tracker.emit("scale", scaler=scaler, outputs=outputs, scaled=scaled)
             return scaled
 

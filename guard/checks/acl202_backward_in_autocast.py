@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from guard.checks._common import report
@@ -10,7 +12,8 @@ CODES = ("ACL202",)
 
 
 def install(tracker) -> None:
-    tracker.subscribe("backward_pre", lambda **kw: _before_backward(tracker, **kw))
+    # partial, not a lambda: one Python frame less on every backward
+    tracker.subscribe("backward_pre", functools.partial(_before_backward, tracker))
 
 
 def _before_backward(tracker, tensors, via, **_) -> None:
