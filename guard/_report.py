@@ -13,7 +13,7 @@ import sys
 import threading
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 Level = Literal["error", "warning"]
 Mode = Literal["raise", "warn", "off"]
@@ -162,15 +162,18 @@ def set_step(step: int) -> None:
     _state.step = step
 
 
+def user_frame() -> Any:
+    """The innermost frame that belongs to the user's code (None if there is none)."""
+    frame = sys._getframe(1)
+    while frame is not None and _is_internal(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame
+
+
 def user_location() -> str | None:
     """file:line of the innermost frame that belongs to the user's code."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if not _is_internal(filename):
-            return f"{filename}:{frame.f_lineno}"
-        frame = frame.f_back
-    return None
+    frame = user_frame()
+    return None if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
 def report(code: str, message: str, level: Level = "error", location: str | None = None) -> None:

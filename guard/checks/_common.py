@@ -50,3 +50,19 @@ def scale_of(scaler: Any) -> str:
         return f"{scaler.get_scale():g}"
     except Exception:  # a scaler that never scaled has no scale tensor yet
         return "S"
+
+
+def output_tensors(output: Any) -> list:
+    """The tensors a module returned: itself, or the items of a tuple, list or dict (one level)."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, dict):
+        output = list(output.values())
+    if not isinstance(output, (list, tuple)):
+        return []
+    return [t for t in output if isinstance(t, torch.Tensor)]
+
+
+def records_graph(output: Any) -> bool:
+    """Whether a module output carries an autograd graph (a frozen module's does not)."""
+    return any(t.grad_fn is not None for t in output_tensors(output))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from guard import _patch
-from guard.checks._common import report
+from guard.checks._common import output_tensors, report
 
 CODES = ("ACL106",)
 _TAG = "accel_guard.fp16_forward"
@@ -48,7 +48,7 @@ class _Fp16Forwards:
             self.hook = None
 
     def _after_forward(self, _module, _args, output) -> None:
-        for t in _tensors(output):
+        for t in output_tensors(output):
             if t.dtype == torch.float16 and t.grad_fn is not None:
                 t.grad_fn.metadata[_TAG] = self._region_location()
                 self.tagged += 1
@@ -81,17 +81,6 @@ def install(tracker) -> None:
     tracker.subscribe("autocast_enter", forwards.region_entered)
     tracker.subscribe("autocast_exit", forwards.region_left)
     tracker.subscribe("backward_pre", forwards.before_backward)
-
-
-def _tensors(output) -> list[torch.Tensor]:
-    """The tensors a module returned: itself, or the items of a tuple, list or dict (one level)."""
-    if isinstance(output, torch.Tensor):
-        return [output]
-    if isinstance(output, dict):
-        output = list(output.values())
-    if not isinstance(output, (list, tuple)):
-        return []
-    return [t for t in output if isinstance(t, torch.Tensor)]
 
 
 def _find_tag(roots: list) -> tuple[bool, str | None]:

@@ -10,12 +10,16 @@ zero_grad); the second one, or any after training started, raises before the win
 not a training window, and is left alone. So is dropping gradients that hold inf/NaN (`backward();
 if not finite: zero_grad(); continue`): throwing away a poisoned window is deliberate. That costs
 one gradient norm (a host sync), only at a zero_grad that would otherwise be reported.
+An optimizer that zeroes its own gradients is left alone too: LBFGS's closure runs zero_grad
+inside `step()`, and two-pass optimizers such as SAM zero between their passes in `first_step()`
+after using the gradients themselves.
 """
 
 from __future__ import annotations
 
 import torch
 
+from guard._report import user_frame
 from guard.checks._common import report
 
 CODES = ("ACL304",)
@@ -23,8 +27,13 @@ CODES = ("ACL304",)
 
 def install(tracker) -> None:
     last_step = {"backward_id": 0}
+    stepping: set[int] = set()  # optimizers inside their step() (an LBFGS closure runs there)
 
-    def after_step(**_) -> None:
+    def before_step(optimizer, **_) -> None:
+        stepping.add(id(optimizer))
+
+    def after_step(optimizer, **_) -> None:
+        stepping.discard(id(optimizer))
         last_step["backward_id"] = tracker.backward_id
 
     def before_zero_grad(owner, states, **_) -> None:
@@ -33,10 +42,14 @@ def install(tracker) -> None:
         if getattr(owner, "training", True) is False:
             return  # a module in eval mode: gradients of an evaluation (saliency), not a window
         for st in states:
+            if id(st.optimizer) in stepping:
+                continue
             if st.contrib_backwards and _finite_grads(st.optimizer) and _is_discard(st):
-                _report(owner, st)
+                if not _called_by_an_optimizer():
+                    _report(owner, st)
                 return
 
+    tracker.subscribe("optimizer_step_pre", before_step)
     tracker.subscribe("optimizer_step", after_step)
     tracker.subscribe("zero_grad", before_zero_grad)
 
@@ -47,6 +60,13 @@ def _is_discard(st) -> bool:
     seen = st.extra.get("ACL304_discards", 0)
     st.extra["ACL304_discards"] = seen + 1
     return seen > 0
+
+
+def _called_by_an_optimizer() -> bool:
+    """Whether the user's frame that called zero_grad is a method of an optimizer (SAM)."""
+    frame = user_frame()
+    caller = frame.f_locals.get("self") if frame is not None else None
+    return isinstance(caller, torch.optim.Optimizer)
 
 
 def _finite_grads(optimizer) -> bool:

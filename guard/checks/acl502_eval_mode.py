@@ -4,10 +4,10 @@
 until `model.train()`. If an optimizer had already trained that model before `eval()`, a later
 step of it with gradients through the still-evaluating model is training with dropout off and
 BatchNorm frozen: an error, raised before the step (test-time adaptation, which adapts a model
-in eval mode from the start, is left alone). Forwards of such a model
-with gradients enabled are counted: several before one backward (or before `model.train()`),
-with no backward using them, were evaluation without `torch.no_grad()` (a warning; one forward
-per backward, as in test-time adaptation, is fine).
+in eval mode from the start, is left alone). Forwards of such a model with gradients enabled
+whose outputs record a graph (a frozen module's do not) are counted: several before one
+backward (or before `model.train()`), with no backward using them, were evaluation without
+`torch.no_grad()` (a warning; one forward per backward, as in test-time adaptation, is fine).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 from guard import _patch
 from guard.checks import _sources
-from guard.checks._common import report
+from guard.checks._common import records_graph, report
 
 CODES = ("ACL502",)
 
@@ -26,8 +26,8 @@ def install(tracker) -> None:
     in_eval: dict[int, tuple] = {}  # id(module) -> (module, hook handle, optimizers it had)
     graphs = {"forwards": 0, "module": None}
 
-    def count_forward(module, _inputs, _output) -> None:
-        if not module.training and torch.is_grad_enabled():
+    def count_forward(module, _inputs, output) -> None:
+        if not module.training and torch.is_grad_enabled() and records_graph(output):
             graphs["forwards"] += 1
             graphs["module"] = type(module).__name__
 
