@@ -50,21 +50,24 @@ class _Fp16Forwards:
     def _after_forward(self, _module, _args, output) -> None:
         for t in output_tensors(output):
             if t.dtype == torch.float16 and t.grad_fn is not None:
-                t.grad_fn.metadata[_TAG] = self._region_location()
+                t.grad_fn.metadata[_TAG] = self._region()
                 self.tagged += 1
 
-    def _region_location(self) -> str | None:
-        """Where the innermost open fp16 region was entered (the user's `with` line)."""
+    def _region(self) -> tuple[str | None, str]:
+        """Where the innermost open fp16 region was entered (the user's `with` line), and who
+        entered it ("user", "engine", "accelerate", "accelerate-forward")."""
         for frame in reversed(self.tracker.autocast_stack):
             if frame.enabled and frame.dtype == torch.float16:
-                return frame.location
-        return None
+                return frame.location, frame.origin
+        return None, "user"
 
     def before_backward(self, tensors, scaled_by, via, **_) -> None:
         tagged, self.tagged = self.tagged, 0
         if not tagged or scaled_by is not None:
             return
-        found, region = _find_tag([t.grad_fn for t in tensors])
+        found, (region, origin) = _find_tag([t.grad_fn for t in tensors])
+        if found and via == "raw" and origin != "user":
+            return  # a raw backward through the engine's or Accelerate's fp16: ACL101 reports it
         if found:
             report(
                 "ACL106",
@@ -83,7 +86,7 @@ def install(tracker) -> None:
     tracker.subscribe("backward_pre", forwards.before_backward)
 
 
-def _find_tag(roots: list) -> tuple[bool, str | None]:
+def _find_tag(roots: list) -> tuple[bool, tuple[str | None, str]]:
     """Whether a tagged node lies in the graph below `roots` (depth-first, each node once), and
     the region location it was tagged with."""
     seen: set = set()
@@ -97,4 +100,4 @@ def _find_tag(roots: list) -> tuple[bool, str | None]:
         if _TAG in metadata:
             return True, metadata[_TAG]
         stack.extend(child for child, _ in node.next_functions if child is not None)
-    return False, None
+    return False, (None, "user")
