@@ -136,3 +136,13 @@ def test_engine_in_fp16_scales_and_is_silent(guard_on):
         optimizer.zero_grad()
     assert guard_on.findings() == []
     assert not all(torch.equal(a, b) for a, b in zip(start, _params(student), strict=True))
+
+
+def test_raw_backward_through_the_engines_fp16_forward_is_only_acl101(guard_on):
+    """The engine's forward runs under its fp16 autocast and its scaler exists: bypassing
+    engine.backward is ACL101 (no 1/N, no scaling), reported once, not also as ACL106."""
+    engine, student, optimizer, x = _engine_with("fp16")
+    guard_on.configure(mode="warn")
+    loss = student(x).float().square().mean()
+    loss.backward()
+    assert [f.code for f in guard_on.findings()] == ["ACL101"]
