@@ -114,13 +114,14 @@ def backward_outside_accumulate(n: int) -> None:
 
 
 def tail_weight(r: int, n: int) -> None:
-    """ACL307 (note): a tail window of r < N micro-batches was flushed with Accelerate's 1/N."""
-    report(
+    """ACL307 (a note, not a finding): a tail window of r < N micro-batches was flushed with
+    Accelerate's 1/N, the engine's documented default; a correct loop, so nothing is reported."""
+    _report.note(
         "ACL307",
         f"the loader ended after {r} of {n} micro-batches of a window; the engine stepped on "
         f"them, each divided by {n} as Accelerate does, so this tail counts {r}/{n} of a full "
-        "window; Engine(tail='exact') gives it the weight of a full batch",
-        "warning",
+        f"window; Engine(tail='exact') gives it the weight of a full batch "
+        "(accel-lint --explain ACL307)",
     )
 
 

@@ -194,6 +194,12 @@ def report(code: str, message: str, level: Level = "error", location: str | None
         _warn_at(f"{code}: {message}", location)
 
 
+def note(code: str, message: str) -> None:
+    """Tell something worth knowing about a correct loop (printed to stderr, never a finding)."""
+    if enabled(code):
+        print(f"accel-guard note: {code}: {message}", file=sys.stderr)
+
+
 def _warn_at(text: str, location: str | None) -> None:
     """Show the warning at the user's line, not at the guard's."""
     filename, _, line = (location or "").rpartition(":")

@@ -10,7 +10,6 @@ RULE = Rule(
     fix="unsafe",
     runtime="full",
     static=False,
-    guard_levels=("error", "warning"),
     docs="""\
 ## What it does
 Flags a step gate such as `(i + 1) % K == 0`, `i % K == K - 1` or `step % K == 0`, where `i` is the

@@ -17,9 +17,6 @@ from engine_reference import (
 
 import guard
 
-# Tails here are deliberate; the engine's ACL307 note about their r/N weight is tested elsewhere.
-pytestmark = pytest.mark.filterwarnings("ignore:ACL307:guard.GuardWarning")
-
 N, B = 4, 4
 
 

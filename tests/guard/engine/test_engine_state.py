@@ -19,9 +19,6 @@ from engine_reference import (
 
 import guard
 
-# Tails here are deliberate; the engine's ACL307 note about their r/N weight is tested elsewhere.
-pytestmark = pytest.mark.filterwarnings("ignore:ACL307:guard.GuardWarning")
-
 N, B, STOP = 4, 4, 6  # stop after 6 of 12 batches: two micro-steps into the second window
 
 
