@@ -49,6 +49,7 @@ epoch (changing schedule progress and step-based logging), and the tail is still
 ## At runtime
 When the wrapped loader is exhausted or the engine exits, any trainable parameter still holding
 gradients from micro-steps that no step consumed gives ACL307. The engine itself always flushes
-the tail (divided by N, as Accelerate does) and reports its r/N weight once.
+the tail (divided by N, as Accelerate does) and prints its r/N weight once as a note on stderr
+(not a finding: `Engine(tail="exact")` weights it as a full batch).
 """,
 )
