@@ -17,6 +17,8 @@ once per installation. Events (payloads as keyword arguments):
 - `dist_gather(parts)`: user code (not torch, Accelerate or the guard) called
   `torch.distributed.all_gather` / `all_gather_into_tensor` / `all_gather_object`; `parts` is
   the output list (one entry per rank) or `[output_tensor]`.
+- `deprecated_amp(api, replacement)`: user code (not a library) constructed a deprecated AMP
+  class such as `torch.cuda.amp.GradScaler(...)`; `replacement` is its `torch.amp` spelling.
 - `finish()`: the run is ending, before the guard writes its report (end-of-run checks).
 """
 
@@ -190,6 +192,42 @@ def _finish(tracker) -> None:
         _report.before_exit(lambda: tracker.emit("finish") if tracker.active else None)
 
 
+DEPRECATED_AMP = {  # module path -> class names whose torch.amp spelling takes the device first
+    "torch.cuda.amp": ("autocast", "GradScaler"),
+    "torch.cpu.amp": ("autocast", "GradScaler"),
+}
+
+
+def _deprecated_amp(tracker) -> None:
+    import importlib
+
+    for module_name, class_names in DEPRECATED_AMP.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:  # a torch without the old namespace: nothing deprecated to catch
+            continue
+        for class_name in class_names:
+            cls = getattr(module, class_name, None)
+            if cls is not None and not _installed(cls, "__init__"):
+                _wrap_deprecated_init(tracker, cls, f"{module_name}.{class_name}")
+
+
+def _wrap_deprecated_init(tracker, cls: type, api: str) -> None:
+    import sys
+
+    original = cls.__dict__.get("__init__", cls.__init__)
+    device = api.split(".")[1]
+    replacement = f"torch.amp.{cls.__name__}({device!r}, ...)"
+
+    @_patch.wraps_original(original)
+    def __init__(self, *args, **kwargs):
+        if not _report._is_internal(sys._getframe(1).f_code.co_filename):
+            tracker.emit("deprecated_amp", api=api, replacement=replacement)
+        original(self, *args, **kwargs)
+
+    _patch.patch(cls, "__init__", __init__)
+
+
 _SOURCES: dict[str, Callable[[Any], None]] = {
     "loader": _loader,
     "sampler": _sampler,
@@ -198,4 +236,5 @@ _SOURCES: dict[str, Callable[[Any], None]] = {
     "gather": _gather,
     "dist_gather": _dist_gather,
     "finish": _finish,
+    "deprecated_amp": _deprecated_amp,
 }
