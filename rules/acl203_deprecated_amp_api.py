@@ -50,7 +50,9 @@ unchanged. `@torch.cuda.amp.custom_fwd(...)` / `custom_bwd` become the `torch.am
 (re-exported or passed as a value) the fix is skipped.
 
 ## At runtime
-Warning only: the guard catches the `FutureWarning` that torch emits when a deprecated constructor
-runs and reports it once per call site as ACL203.
+Warning only: when the user's code (not a library) constructs `torch.cuda.amp.GradScaler`,
+`torch.cuda.amp.autocast`, `torch.cpu.amp.autocast` or `torch.cpu.amp.GradScaler` (the calls for
+which torch emits its `FutureWarning`), the guard reports ACL203 once per call site, with the
+`torch.amp` spelling.
 """,
 )
