@@ -19,8 +19,9 @@ differences with its interquartile range. What differs:
   guard installed or uninstalled between windows. Sharing the tensors matters: two processes
   (or two models) that differ only in where their memory landed differ by about 1% on a
   loaded 2-core machine, as much as the effect measured;
-- engine+guard keeps its own worker process, installed throughout (uninstalling would drop
-  what the engine told the guard at `prepare`); its figures carry that process's placement;
+- engine+guard runs in worker processes, installed throughout (uninstalling would drop what
+  the engine told the guard at `prepare`), taken in turn: one worker's e/a moved by 0.05
+  between runs with its memory placement, several average that out;
 - each timed window follows an untimed one of the same variant, so every variant is timed
   with its own tensors in the caches, as in a run that trains one loop, and the guard has seen
   a whole window of the loop (as in any run past its first step). Without it, a window that
@@ -29,7 +30,7 @@ differences with its interquartile range. What differs:
 Target (issue): plain+guard / plain <= 1.05 at width 512.
 
     python bench/guard_overhead.py [--width 512] [--rounds 600] [--batches 64] [--batch-size 64]
-        [--threads 1] [--clock cpu|wall]
+        [--threads 1] [--engine-workers 4] [--clock cpu|wall]
 """
 
 from __future__ import annotations
@@ -162,6 +163,23 @@ class Remote:
         return answer
 
 
+class Workers:
+    """A `measure` runner that takes the engine's workers in turn: each process's memory
+    placement shifts its times by a few percent, so several average that out."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.remotes = [Remote(args) for _ in range(args.engine_workers)]
+        self.turn = 0
+
+    def __call__(self) -> float:
+        self.turn += 1
+        return self.remotes[self.turn % len(self.remotes)]()
+
+    def stop(self) -> str:
+        """Ends every worker; returns their findings text (empty when nothing fired)."""
+        return "".join(remote.stop() for remote in self.remotes)
+
+
 class Toggled:
     """A `measure` runner for the shared plain loop: guard on or off, one untimed window, then
     one timed window."""
@@ -205,6 +223,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=64, help="micro-steps per epoch")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--engine-workers", type=int, default=4, help="processes, taken in turn")
     parser.add_argument(
         "--clock",
         choices=["cpu", "wall"],
@@ -218,21 +237,21 @@ def main() -> None:
     print(
         f"MLP width {args.width}, batch {args.batch_size}, N={N}, fp32, AdamW, clip at the "
         f"step, {args.batches} micro-steps per epoch, {args.rounds} rounds of one window each, "
-        f"torch threads {args.threads}, {args.clock} clock, "
+        f"torch threads {args.threads}, {args.engine_workers} engine workers, {args.clock} clock, "
         f"MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_', 'unset')}"
     )
     print("medians per micro-step; ratios and overheads: medians of the per-round ratios and")
     print("differences (each round times one window of each variant), the latter ± IQR")
-    remote = Remote(args)
+    engine = Workers(args)
     guard.configure(mode="raise")  # nothing may fire: a finding stops the benchmark
     torch.set_num_threads(args.threads)
     loader = make_loader(args.width, args.batches, args.batch_size)
     timer = window_timer(plain_windows(args.width, loader), clock_of(args))
     runners = {"plain": Toggled(timer, False), "plain+guard": Toggled(timer, True)}
     try:
-        samples = measure({**runners, "engine+guard": remote}, args.rounds)
+        samples = measure({**runners, "engine+guard": engine}, args.rounds)
     finally:
-        fired = {"engine+guard": remote.stop()}
+        fired = {"engine+guard": engine.stop()}
     guard.install()
     fired["plain+guard"] = findings_text()
     for name, text in fired.items():
