@@ -87,7 +87,8 @@ def _contains(loss: torch.Tensor, node) -> bool:
 def _after_backward(tensors, scaled_by, states, **_) -> None:
     if scaled_by is not None:
         _UNCONSUMED.pop(scaled_by, None)
-    flag = getattr(tensors[0], "_guard_loss_not_nan", None) if tensors else None
+    # only a scaled loss carries the flag: skip the attribute miss (an exception) otherwise
+    flag = getattr(tensors[0], "_guard_loss_not_nan", None) if scaled_by is not None else None
     raw = [t.detach() for t in tensors if t.is_floating_point()] if scaled_by is None else []
     for st in states:
         st.extra.pop(_NORM, None)  # a clip's norm is stale once more gradient arrives
