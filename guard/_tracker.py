@@ -28,8 +28,8 @@ Events and payloads (states are `OptState` / `ScalerState` objects documented be
   passed on, `via` "torch" or "accelerate" (inside `Accelerator.clip_grad_*`); a check may append
   to the list `redirect` a callable that runs instead of torch's function, with its remaining
   arguments.
-  `clip_done(..., result)` after, with the return value (the total norm before clipping, for
-  "norm").
+  `clip_done(..., result, limit)` after, with the `max_norm` / `clip_value` passed and torch's
+  return value (the total norm before clipping, for "norm").
 - `scheduler_step_pre(scheduler, state, via_wrapper)`: before `LRScheduler.step` (not the call
   made by its constructor); `state` is its optimizer's state.
 - `autocast_enter(device, dtype, enabled, origin, ambient_enabled, ambient_dtype)`: an autocast
@@ -508,7 +508,13 @@ class Tracker:
             )
             result = redirect[0](*args, **kwargs) if redirect else original(params, *args, **kwargs)
             tracker.emit(
-                "clip_done", kind=kind, parameters=params, states=states, via=via, result=result
+                "clip_done",
+                kind=kind,
+                parameters=params,
+                states=states,
+                via=via,
+                result=result,
+                limit=args[0] if args else kwargs.get("max_norm", kwargs.get("clip_value")),
             )
             return result
 

@@ -1,58 +1,89 @@
-"""ACL301 (heuristic warning): k > 1 backward passes summed into one optimizer step, none divided.
+"""ACL301 (heuristic warning): an accumulation window of k micro-batches summed, none divided.
 
-At each backward the root of the loss graph is read for a constant factor (`loss / k`,
-`loss * (1 / k)`; Accelerate's own `/ N` counts), until the window has one divided pass (the
-window cannot be reported then, so the rest of it costs nothing). At the step, if k > 1 passes
-contributed and every one had factor 1, and the gradients were not modified in place since the
-last backward (`p.grad.div_(k)`, read through the private `Tensor._version`), the update uses the
-sum of k mean gradients. The engine always divides, so its loops cannot hit this.
+Only raw loops: the engine and Accelerate divide by N themselves (a raw backward on their
+objects is ACL101). At each backward the root of the loss graph is read for a constant factor
+(`loss / k`, `loss * (1 / k)`) and the user's line that called backward is noted. At the step:
+
+- k is the largest number of passes one backward line contributed. Accumulation runs the same
+  line once per micro-batch; separate losses of one batch (a DCGAN's real and fake terms, a
+  multi-task loss with `retain_graph`, SAM's two passes) come from different lines, so they give
+  k = 1 and are not accumulation.
+- the window is undivided when no pass was scaled down to about 1/k (a constant weight such as
+  `0.5 * loss` with k = 4 is not a division by 4);
+- and the gradients were not rescaled after the last backward: `p.grad.div_(k)` changes the
+  probe gradient's private `Tensor._version`. A norm clip changes it too, but it only hides the
+  bug when the divided gradients would have been clipped to the same norm (total norm / k at or
+  above max_norm); otherwise the step is still reported.
+
+Once a window had a divided pass (judged with the previous window's k), the rest of it costs
+nothing.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections import Counter
 
-from guard import _private
+from guard import _private, _report
 from guard.checks import _graph
 from guard.checks._common import report
 
 CODES = ("ACL301",)
 _KEY = "ACL301"
-_UNSEEN = {"divided": 0}
+_K_KEY = "ACL301_k"  # k of the optimizer's previous window
+_UNSEEN = {"divided": False}
+_DIVIDED = 1.5  # a pass with factor * k at most this is "divided by k" (0.5 / k included)
 
 
 def install(tracker) -> None:
-    pending: dict[str, float | None] = {}
+    pending: dict = {}
 
     def before_backward(tensors, scaled_by, via, **_) -> None:
-        if not tensors or via == "engine" or _all_divided(tracker.states):
-            pending["factor"] = None  # the engine normalises itself: counts as divided
-        else:
-            pending["factor"] = _graph.root_factor(tensors[0], scaled=scaled_by is not None)
+        if not tensors or via != "raw" or _all_divided(tracker.states):
+            pending.clear()
+            return
+        pending["factor"] = _graph.root_factor(tensors[0], scaled=scaled_by is not None)
+        frame = _report.user_frame()
+        pending["site"] = None if frame is None else (frame.f_code, frame.f_lineno)
 
     def after_backward(states, **_) -> None:
-        factor = pending.pop("factor", 1.0)
+        if "factor" not in pending:
+            return
+        factor, site = pending.pop("factor"), pending.pop("site")
         for st in states:
-            data = st.extra.get(_KEY)
-            if data is None:
-                data = st.extra[_KEY] = {"undivided": 0, "divided": 0}
-            data["divided" if factor is None or factor != 1.0 else "undivided"] += 1
-            if not data["divided"] and data["undivided"] >= 2:  # else the step cannot report
-                data["version"] = _grad_version(st)
+            if st.prepared_by is None:
+                _record(st, factor, site)
 
     tracker.subscribe("backward_pre", before_backward)
     tracker.subscribe("backward", after_backward)
     tracker.subscribe("unscale", lambda state, **_: _remember_version(state))
+    tracker.subscribe("clip_done", _after_clip)
     tracker.subscribe("optimizer_step_pre", _before_step)
     tracker.subscribe("optimizer_step", lambda state, **_: state.extra.pop(_KEY, None))
     tracker.subscribe("zero_grad", _forget)
 
 
+def _record(st, factor: float | None, site) -> None:
+    data = st.extra.get(_KEY)
+    if data is None:
+        data = st.extra[_KEY] = {"divided": False, "factors": [], "sites": Counter()}
+    if data["divided"]:
+        return
+    previous_k = st.extra.get(_K_KEY, 0)
+    if factor is None or (previous_k >= 2 and factor * previous_k <= _DIVIDED):
+        data["divided"] = True  # unreadable graphs count as divided: never a guess
+        return
+    data["factors"].append(factor)
+    data["sites"][site] += 1
+    if len(data["factors"]) >= 2:
+        data["version"] = _grad_version(st)
+
+
 def _all_divided(states) -> bool:
     """Every optimizer already had a divided pass this window: no later pass can be reported,
-    so the graph walk (a few microseconds per micro-step) is skipped."""
+    so the graph walk and the frame lookup are skipped."""
     for st in states:  # a loop, not all(generator): this runs every micro-step
-        if not st.extra.get(_KEY, _UNSEEN)["divided"]:
+        if not st.extra.get(_KEY, _UNSEEN)["divided"] and st.prepared_by is None:
             return False
     return bool(states)
 
@@ -84,22 +115,42 @@ def _grad_version(st) -> int | None:
 
 def _remember_version(st) -> None:
     data = st.extra.get(_KEY)
-    if data is not None:
+    if data is not None and "version" in data:
         data["version"] = _grad_version(st)
+
+
+def _after_clip(kind, states, result, limit, **_) -> None:
+    """A norm clip hides the missing division only when the divided gradients would have been
+    clipped to the same limit (total norm / k >= max_norm): then the update is identical. Else
+    the clip does not count as the rescaling that makes the window right."""
+    if kind != "norm" or limit is None:
+        return
+    pending = [st for st in states if "version" in st.extra.get(_KEY, {})]
+    if not pending:
+        return
+    norm = float(result)  # one host read, only in a window that can still be reported
+    for st in pending:
+        k = max(st.extra[_KEY]["sites"].values(), default=1)
+        if norm / k < float(limit):
+            _remember_version(st)
 
 
 def _before_step(state, **_) -> None:
     data = state.extra.get(_KEY)
-    if not data or data["divided"] or data["undivided"] < 2:
+    if not data or data["divided"]:
+        return
+    k = max(data["sites"].values(), default=0)
+    state.extra[_K_KEY] = k
+    if k < 2 or any(factor * k <= _DIVIDED for factor in data["factors"]):
         return
     version = data.get("version")
     if version is None or _grad_version(state) != version:
         return  # gradients were rescaled in place after the last backward (e.g. p.grad /= k)
-    k = data["undivided"]
     report(
         "ACL301",
-        f"{k} backward passes contributed to this optimizer step, none divided by {k}: the "
-        f"update uses the sum of {k} mean gradients ({k}x the large-batch mean); divide each "
-        f"loss by the accumulation steps (loss / {k}) or the gradients before the step",
+        f"{k} micro-batches contributed to this optimizer step through the same backward call, "
+        f"none divided by {k}: the update uses the sum of {k} mean gradients ({k}x the "
+        f"large-batch mean); divide each loss by the accumulation steps (loss / {k}) or the "
+        "gradients before the step",
         level="warning",
     )

@@ -35,9 +35,10 @@ def test_a_divided_pass_silences_its_own_window_only(guard_on):
     train(make_loader(batches=2 * N), divide=lambda window, pass_: window == 0 and pass_ == 0)
     [finding] = guard_on.findings()
     assert finding.code == "ACL301"
-    assert f"{N} backward passes contributed to this optimizer step, none divided" in (
-        finding.message
-    )
+    assert (
+        f"{N} micro-batches contributed to this optimizer step through the same backward call, "
+        "none divided"
+    ) in finding.message
 
 
 def test_every_window_divided_by_its_first_pass_alone_is_silent(guard_on):

@@ -36,9 +36,10 @@ def test_acl301_undivided_window_warns_with_the_count(guard_on):
     accumulate(model, opt, make_loader(), loss_scale=1.0)
     [finding] = guard_on.findings()
     assert finding.code == "ACL301" and finding.level == "warning"
-    assert "4 backward passes contributed to this optimizer step, none divided by 4" in (
-        finding.message
-    )
+    assert (
+        "4 micro-batches contributed to this optimizer step through the same backward call, "
+        "none divided by 4"
+    ) in finding.message
     assert HERE in finding.location
 
 
