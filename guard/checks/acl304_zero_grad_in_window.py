@@ -12,7 +12,9 @@ if not finite: zero_grad(); continue`): throwing away a poisoned window is delib
 one gradient norm (a host sync), only at a zero_grad that would otherwise be reported.
 An optimizer that zeroes its own gradients is left alone too: LBFGS's closure runs zero_grad
 inside `step()`, and two-pass optimizers such as SAM zero between their passes in `first_step()`
-after using the gradients themselves.
+after using the gradients themselves. A zero_grad after a loader pass ended with no backward
+since (the next epoch's first zero_grad) drops the pass's unstepped tail: that is ACL307's
+finding, reported when the pass ended, so it is not reported twice.
 """
 
 from __future__ import annotations
@@ -20,13 +22,16 @@ from __future__ import annotations
 import torch
 
 from guard._report import user_frame
+from guard.checks import _sources
 from guard.checks._common import report
 
 CODES = ("ACL304",)
 
 
 def install(tracker) -> None:
+    _sources.ensure(tracker, "loader")
     last_step = {"backward_id": 0}
+    pass_end = {"backward_id": -1}  # tracker.backward_id when a loader pass last ended
     stepping: set[int] = set()  # optimizers inside their step() (an LBFGS closure runs there)
 
     def before_step(optimizer, **_) -> None:
@@ -36,9 +41,12 @@ def install(tracker) -> None:
         stepping.discard(id(optimizer))
         last_step["backward_id"] = tracker.backward_id
 
+    def loader_ended(**_) -> None:
+        pass_end["backward_id"] = tracker.backward_id
+
     def before_zero_grad(owner, states, **_) -> None:
-        if tracker.backward_id == last_step["backward_id"]:
-            return  # every backward so far was followed by some optimizer step
+        if tracker.backward_id in (last_step["backward_id"], pass_end["backward_id"]):
+            return  # every backward was followed by a step, or by the end of a pass (ACL307)
         if getattr(owner, "training", True) is False:
             return  # a module in eval mode: gradients of an evaluation (saliency), not a window
         for st in states:
@@ -52,6 +60,7 @@ def install(tracker) -> None:
     tracker.subscribe("optimizer_step_pre", before_step)
     tracker.subscribe("optimizer_step", after_step)
     tracker.subscribe("zero_grad", before_zero_grad)
+    tracker.subscribe("loader_end", loader_ended)
 
 
 def _is_discard(st) -> bool:

@@ -262,6 +262,18 @@ def test_acl307_tail_raises_when_the_loader_ends(guard_on):
     assert "(10 batches) with 2 micro-batch(es)" in str(info.value)
 
 
+def test_acl307_a_tail_dropped_by_the_next_epochs_zero_grad_is_reported_once(guard_on):
+    """timm/MAE style: zero_grad at the top of each epoch drops the last pass's tail. That is the
+    dropped tail (ACL307, at the end of the pass), not a second finding of ACL304."""
+    guard_on.configure(mode="warn")
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(2):
+        opt.zero_grad()
+        accumulate(model, opt, make_loader(batches=10))
+    assert codes(guard_on) == ["ACL307"]
+
+
 class _Stream(IterableDataset):
     def __iter__(self):
         generator = torch.Generator().manual_seed(2)
