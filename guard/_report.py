@@ -28,13 +28,23 @@ _INTERNAL_PARTS = (
 _GUARD_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _LIBRARY_NAMES = ("torch", "accelerate")
 _internal_dirs: list[str] = [_GUARD_DIR]
+_internal_files: dict[str, bool] = {}  # filename -> _is_internal, until _internal_dirs grows
 
 
 def _is_internal(filename: str) -> bool:
-    """Frames of the guard, torch, accelerate and the stdlib plumbing are not the user's."""
-    if len(_internal_dirs) < 1 + len(_LIBRARY_NAMES):
-        _refresh_internal_dirs()
-    return filename.startswith(tuple(_internal_dirs)) or any(p in filename for p in _INTERNAL_PARTS)
+    """Frames of the guard, torch, accelerate and the stdlib plumbing are not the user's.
+
+    Remembered per file: user_location() walks a few frames on hot paths (ACL301 once per
+    accumulation window, autocast regions on every entry)."""
+    known = _internal_files.get(filename)
+    if known is None:
+        if len(_internal_dirs) < 1 + len(_LIBRARY_NAMES):
+            _refresh_internal_dirs()
+        known = filename.startswith(tuple(_internal_dirs)) or any(
+            p in filename for p in _INTERNAL_PARTS
+        )
+        _internal_files[filename] = known
+    return known
 
 
 def _refresh_internal_dirs() -> None:
@@ -45,6 +55,7 @@ def _refresh_internal_dirs() -> None:
             directory = os.path.dirname(os.path.abspath(path)) + os.sep
             if directory not in _internal_dirs:
                 _internal_dirs.append(directory)
+                _internal_files.clear()  # a file judged before may lie in the new directory
 
 
 class GuardError(RuntimeError):

@@ -42,9 +42,11 @@ def install(tracker) -> None:
         if not tensors or via != "raw" or _all_divided(tracker.states):
             pending.clear()
             return
-        pending["factor"] = _graph.root_factor(tensors[0], scaled=scaled_by is not None)
-        frame = _report.user_frame()
-        pending["site"] = None if frame is None else (frame.f_code, frame.f_lineno)
+        factor = _graph.root_factor(tensors[0], scaled=scaled_by is not None)
+        pending["factor"], pending["site"] = factor, None
+        if not _divides_everywhere(tracker.states, factor):  # else `_record` needs no site
+            frame = _report.user_frame()
+            pending["site"] = None if frame is None else (frame.f_code, frame.f_lineno)
 
     def after_backward(states, **_) -> None:
         if "factor" not in pending:
@@ -69,14 +71,29 @@ def _record(st, factor: float | None, site) -> None:
         data = st.extra[_KEY] = {"divided": False, "factors": [], "sites": Counter()}
     if data["divided"]:
         return
-    previous_k = st.extra.get(_K_KEY, 0)
-    if factor is None or (previous_k >= 2 and factor * previous_k <= _DIVIDED):
-        data["divided"] = True  # unreadable graphs count as divided: never a guess
+    if _divides(st, factor):
+        data["divided"] = True
         return
     data["factors"].append(factor)
     data["sites"][site] += 1
     if len(data["factors"]) >= 2:
         data["version"] = _grad_version(st)
+
+
+def _divides(st, factor: float | None) -> bool:
+    """A pass with this factor divides st's window (by the previous window's k); unreadable
+    graphs count as divided: never a guess."""
+    previous_k = st.extra.get(_K_KEY, 0)
+    return factor is None or (previous_k >= 2 and factor * previous_k <= _DIVIDED)
+
+
+def _divides_everywhere(states, factor: float | None) -> bool:
+    """The pass divides the window of every raw optimizer it may reach, so the stack walk for
+    its backward line (tens of microseconds) is not needed."""
+    for st in states:
+        if st.prepared_by is None and not _divides(st, factor):
+            return False
+    return True
 
 
 def _all_divided(states) -> bool:
