@@ -68,6 +68,9 @@ def install(tracker) -> None:
 def _record(st, factor: float | None, site) -> None:
     data = st.extra.get(_KEY)
     if data is None:
+        if _divides(st, factor):  # the usual first pass of a window: no bookkeeping needed
+            st.extra[_KEY] = {"divided": True}
+            return
         data = st.extra[_KEY] = {"divided": False, "factors": [], "sites": Counter()}
     if data["divided"]:
         return
