@@ -405,3 +405,35 @@ def test_acl505_exhausted_filter_raises_before_the_clip(guard_on):
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)  # so is a fresh generator
     opt.step()
     assert codes(guard_on) == ["ACL505"]
+
+
+# -- ACL308 ---------------------------------------------------------------------------------------
+
+
+def _token_window_loop(steps: int, uneven_from: int) -> None:
+    """A raw token-mean loop, N micro-batches per step; windows from `uneven_from` on mix short
+    and long sequences."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(16, 8), nn.Linear(8, 16))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(steps):
+        for micro in range(N):
+            ids = torch.randint(1, 16, (2, 8))
+            labels = ids.clone()
+            if step >= uneven_from:
+                labels[:, 1 + 7 * (micro % 2) :] = -100  # 1 or 8 valid tokens per row
+            logits = model(ids).flatten(0, 1)
+            (nn.functional.cross_entropy(logits, labels.flatten()) / N).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+@pytest.mark.parametrize("uneven_from, expected", [(0, ["ACL308"]), (9, ["ACL308"]), (40, [])])
+def test_acl308_measures_a_sample_of_windows_and_still_finds_a_late_bias(
+    guard_on, uneven_from, expected
+):
+    """Windows 0-7 and every 16th are measured: a bias from window 9 on shows at window 16;
+    uniform windows (the whole run when it never turns uneven) stay silent."""
+    guard_on.configure(mode="warn")
+    _token_window_loop(steps=20, uneven_from=uneven_from)
+    assert codes(guard_on) == expected
