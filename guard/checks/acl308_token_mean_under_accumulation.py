@@ -35,21 +35,30 @@ _DDP_KEY = "ACL308_trains_ddp"  # (number of DDP modules known when computed, an
 
 
 def sampled(steps: int) -> bool:
-    """Whether the window after `steps` optimizer steps (of any optimizer) is measured: the first
-    8 and every 16th after. A run's token-count pattern is stable, so this keeps the graph walk
-    and the step-time work off most windows; every rank counts the same steps, so the gathers
-    under DDP still pair up."""
+    """Whether an optimizer's window after `steps` steps is measured: the first 8 and every 16th
+    after. A run's token-count pattern is stable, so this keeps the graph walk and the step-time
+    work off most windows; every rank counts the same steps, so the gathers under DDP still pair
+    up."""
     return steps < 8 or steps % 16 == 0
+
+
+def _any_sampled(states) -> bool:
+    """Whether some live optimizer's current window is measured (or none is known yet)."""
+    for st in states:  # a loop: this runs every micro-step
+        if sampled(st.steps):
+            return True
+    return not states
 
 
 def install(tracker) -> None:
     _sources.ensure(tracker, "ddp")
     pending: dict = {}
     ddp_modules: weakref.WeakSet = weakref.WeakSet()
-    done = {"steps": 0}
 
     def before_backward(tensors, via, **_) -> None:
-        if tensors and via != "engine" and sampled(done["steps"]) and _report.enabled("ACL308"):
+        if not tensors or via == "engine" or not _any_sampled(tracker.states):
+            return
+        if _report.enabled("ACL308"):
             pending["count"] = _graph.token_mean_count(tensors[0])
 
     def after_backward(states, **_) -> None:
@@ -64,7 +73,7 @@ def install(tracker) -> None:
 
     def before_step(optimizer, state, **_) -> None:
         counts = state.extra.pop(_KEY, None)
-        if not sampled(done["steps"]):
+        if not sampled(state.steps):
             return
         complete = bool(counts) and len(counts) == state.backwards
         if _across_ranks(state, optimizer, ddp_modules):
@@ -77,7 +86,6 @@ def install(tracker) -> None:
     tracker.subscribe("ddp_created", saw_ddp)
     tracker.subscribe("ddp_forward", saw_ddp)
     tracker.subscribe("optimizer_step_pre", before_step)
-    tracker.subscribe("optimizer_step", lambda **_: done.__setitem__("steps", done["steps"] + 1))
     tracker.subscribe("zero_grad", _forget)
 
 
