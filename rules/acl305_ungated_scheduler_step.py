@@ -10,6 +10,7 @@ RULE = Rule(
     fix="safe",
     runtime="full",
     static=False,
+    guard_levels=("error", "warning"),
     docs="""\
 ## What it does
 Flags `sched.step()` in a batch loop outside the condition that guards `opt.step()` (variant a).
@@ -47,7 +48,9 @@ has no fix.
 
 ## At runtime
 The guard wraps `scheduler.step` and requires at least one real optimizer step since the previous
-scheduler step: the inner `step` ran and the scaler did not back off. Otherwise it reports
-ACL305.
+scheduler step: the inner `step` ran and the scaler did not back off. With no step attempted
+since, it raises ACL305; when the one step attempted since was skipped by the GradScaler, it
+warns; when several attempts were all skipped (an epoch-level scheduler while the fp16 scale
+calibrates), it stays silent.
 """,
 )

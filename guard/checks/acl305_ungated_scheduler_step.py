@@ -4,6 +4,12 @@ Real means the inner `step()` ran and the GradScaler did not back off at the fol
 `update()` (a fused optimizer's skip happens inside the kernel, so the back-off is what shows it).
 Prepared schedulers are left alone: their wrapper gates them (and steps them W times per optimizer
 step under DDP), and ACL603 covers the skips it misses.
+
+With no step attempted since the scheduler's last step, the schedule runs ahead: an error. When
+the one step attempted since was skipped by the GradScaler, stepping the scheduler anyway is the
+catalogue's second variant, a warning (the schedule moves one step ahead of the weights). When
+several attempts were all skipped, the scheduler's cadence is coarser than the optimizer's (an
+epoch-level scheduler while the fp16 scale calibrates, as in YOLOv5's first epoch): silent.
 """
 
 from __future__ import annotations
@@ -14,16 +20,22 @@ from guard.checks._common import report
 
 CODES = ("ACL305",)
 _REAL = "ACL305_real_steps"
+_TRIED = "ACL305_attempted_steps"
 
 
 def install(tracker) -> None:
-    seen_at: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # scheduler -> real steps
+    seen_at: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # scheduler -> (real, tried)
     ran_in_scaler_step: list = []
+
+    def before_step(state, in_scaler_step, **_) -> None:
+        if not in_scaler_step:  # scaler.step counts its attempt itself, run or skipped
+            state.extra[_TRIED] = state.extra.get(_TRIED, 0) + 1
 
     def after_step(state, **_) -> None:
         state.extra[_REAL] = state.extra.get(_REAL, 0) + 1
 
     def after_scaler_step(state, ran, **_) -> None:
+        state.extra[_TRIED] = state.extra.get(_TRIED, 0) + 1
         if ran:
             ran_in_scaler_step.append(state)
 
@@ -36,29 +48,35 @@ def install(tracker) -> None:
     def before_scheduler_step(scheduler, state, via_wrapper, **_) -> None:
         if state is None or via_wrapper is not None or tracker.prepared_schedulers.get(scheduler):
             return
-        real = state.extra.get(_REAL, 0)
+        real, tried = state.extra.get(_REAL, 0), state.extra.get(_TRIED, 0)
         previous = seen_at.get(scheduler)
-        seen_at[scheduler] = real
-        if real == (previous if previous is not None else 0):
-            _report(scheduler, state, previous is None)
+        seen_at[scheduler] = (real, tried)
+        real_before, tried_before = previous if previous is not None else (0, 0)
+        if real != real_before or tried - tried_before >= 2:
+            return
+        _report(scheduler, state, previous is None, skipped=tried > tried_before)
 
+    tracker.subscribe("optimizer_step_pre", before_step)
     tracker.subscribe("optimizer_step", after_step)
     tracker.subscribe("scaler_step", after_scaler_step)
     tracker.subscribe("update", after_update)
     tracker.subscribe("scheduler_step_pre", before_scheduler_step)
 
 
-def _report(scheduler, state, first: bool) -> None:
+def _report(scheduler, state, first: bool, skipped: bool) -> None:
+    """An error when no step was attempted; a warning when the one attempt was a scaler skip."""
     since = "before the optimizer's first real step" if first else "again"
-    skipped = (
-        f"; {state.skipped_steps} optimizer step(s) were skipped by the GradScaler"
-        if state.skipped_steps
-        else ""
+    what = (
+        "the only optimizer step since its last step was skipped by the GradScaler"
+        if skipped
+        else "no optimizer step since its last step"
     )
     report(
         "ACL305",
-        f"{type(scheduler).__name__}.step() runs {since} with no optimizer step since its last "
-        f"step ({state.backwards} micro-batch(es) accumulated, {state.steps} optimizer steps so "
-        f"far{skipped}): the schedule advances faster than training; step the scheduler in the "
-        "branch that steps the optimizer (and not after a skipped fp16 step)",
+        f"{type(scheduler).__name__}.step() runs {since} with {what} ({state.backwards} "
+        f"micro-batch(es) accumulated, {state.steps} optimizer steps so far, "
+        f"{state.skipped_steps} skipped by the GradScaler): the schedule advances faster than "
+        "training; step the scheduler in the branch that steps the optimizer (and not after a "
+        "skipped fp16 step)",
+        "warning" if skipped else "error",
     )
