@@ -1,6 +1,6 @@
 """The only place the guard reads private torch state, each behind a feature test.
 
-GradScaler's per-optimizer stage and `_scale`, and `Tensor._version`, are not public API. When a
+GradScaler's per-optimizer stage and `_scale` are not public API. When a
 torch build lacks one, the check that needs it is skipped with a one-time warning naming the check,
 and everything else keeps working.
 """
@@ -19,13 +19,12 @@ _warned: set[str] = set()
 
 
 def probe() -> dict[str, bool]:
-    """Detect the private attributes on a throwaway scaler and tensor."""
+    """Detect the private attributes on a throwaway scaler."""
     import torch
 
     scaler = torch.amp.GradScaler("cpu", enabled=True)
     FEATURES["scaler_stage"] = isinstance(getattr(scaler, "_per_optimizer_states", None), dict)
     FEATURES["scaler_scale"] = hasattr(scaler, "_scale")
-    FEATURES["tensor_version"] = isinstance(getattr(torch.zeros(1), "_version", None), int)
     try:
         from torch.amp.grad_scaler import OptState
 
@@ -84,13 +83,6 @@ def scaler_scale_missing(scaler: Any, needed_by: str) -> bool | None:
     if not available("scaler_scale", needed_by):
         return None
     return getattr(scaler, "_scale", _MISSING) is None
-
-
-def tensor_version(tensor: Any, needed_by: str) -> int | None:
-    """The in-place modification counter of `tensor`, or None if unavailable."""
-    if not available("tensor_version", needed_by):
-        return None
-    return tensor._version
 
 
 def reset_warnings() -> None:

@@ -10,10 +10,13 @@ objects is ACL101). At each backward the root of the loss graph is read for a co
   k = 1 and are not accumulation.
 - the window is undivided when no pass was scaled down to about 1/k (a constant weight such as
   `0.5 * loss` with k = 4 is not a division by 4);
-- and the gradients were not rescaled after the last backward: `p.grad.div_(k)` changes the
-  probe gradient's private `Tensor._version`. A norm clip changes it too, but it only hides the
-  bug when the divided gradients would have been clipped to the same norm (total norm / k at or
-  above max_norm); otherwise the step is still reported.
+- the loss was not deliberately scaled up (a factor above 1, as YOLOv5's `loss * batch_size`,
+  means the user manages the sum on purpose);
+- and the gradients were not rescaled after the last backward: the norm of one probe gradient
+  is kept on the device after each backward and compared at the step (one host read, only in a
+  window that can still be reported), so `p.grad /= k` and fairseq's `p.grad.data.mul_(1 / n)`
+  both count. A norm clip rescales too, but it only hides the bug when the divided gradients
+  would have been clipped to the same norm (total norm / k at or above max_norm).
 
 Once a window had a divided pass (judged with the previous window's k), the rest of it costs
 nothing.
@@ -24,7 +27,9 @@ from __future__ import annotations
 import weakref
 from collections import Counter
 
-from guard import _private, _report
+import torch
+
+from guard import _report
 from guard.checks import _graph
 from guard.checks._common import report
 
@@ -58,7 +63,8 @@ def install(tracker) -> None:
 
     tracker.subscribe("backward_pre", before_backward)
     tracker.subscribe("backward", after_backward)
-    tracker.subscribe("unscale", lambda state, **_: _remember_version(state))
+    tracker.subscribe("unscale", lambda state, **_: _remember_grads(state))
+    tracker.subscribe("clip", _before_clip)
     tracker.subscribe("clip_done", _after_clip)
     tracker.subscribe("optimizer_step_pre", _before_step)
     tracker.subscribe("optimizer_step", lambda state, **_: state.extra.pop(_KEY, None))
@@ -80,7 +86,7 @@ def _record(st, factor: float | None, site) -> None:
     data["factors"].append(factor)
     data["sites"][site] += 1
     if len(data["factors"]) >= 2:
-        data["version"] = _grad_version(st)
+        data["grads"] = _grad_norm(st)
 
 
 def _divides(st, factor: float | None) -> bool:
@@ -114,7 +120,7 @@ def _forget(states, **_) -> None:
 
 
 def _probe_param(st):
-    """One trainable parameter of the optimizer whose `.grad` version is watched."""
+    """One trainable parameter of the optimizer whose gradient norm is watched."""
     ref = st.extra.get("ACL301_probe")
     param = ref() if ref is not None else None
     if param is None:
@@ -126,33 +132,48 @@ def _probe_param(st):
     return param
 
 
-def _grad_version(st) -> int | None:
+def _grad_norm(st):
+    """The probe gradient's norm as a device tensor (no host read), None if unreadable."""
     param = _probe_param(st)
-    if param is None or param.grad is None:
+    if param is None or param.grad is None or param.grad.is_sparse:
         return None
-    return _private.tensor_version(param.grad, "ACL301's gradient-division check")
+    return torch.linalg.vector_norm(param.grad.detach())
 
 
-def _remember_version(st) -> None:
+def _rescaled(st, data) -> bool:
+    """Whether the probe gradient changed since it was last remembered (one host read)."""
+    before, now = data.get("grads"), _grad_norm(st)
+    return before is None or now is None or bool(before != now)
+
+
+def _remember_grads(st) -> None:
     data = st.extra.get(_KEY)
-    if data is not None and "version" in data:
-        data["version"] = _grad_version(st)
+    if data is not None and "grads" in data:
+        data["grads"] = _grad_norm(st)
+
+
+def _before_clip(kind, states, **_) -> None:
+    for st in states:
+        data = st.extra.get(_KEY)
+        if kind == "norm" and data is not None and "grads" in data:
+            data["clean_before_clip"] = not _rescaled(st, data)
 
 
 def _after_clip(kind, states, result, limit, **_) -> None:
     """A norm clip hides the missing division only when the divided gradients would have been
     clipped to the same limit (total norm / k >= max_norm): then the update is identical. Else
-    the clip does not count as the rescaling that makes the window right."""
+    the clip does not count as the rescaling that makes the window right (unless the gradients
+    had already been rescaled before it)."""
     if kind != "norm" or limit is None:
         return
-    pending = [st for st in states if "version" in st.extra.get(_KEY, {})]
+    pending = [st for st in states if st.extra.get(_KEY, {}).pop("clean_before_clip", False)]
     if not pending:
         return
     norm = float(result)  # one host read, only in a window that can still be reported
     for st in pending:
         k = max(st.extra[_KEY]["sites"].values(), default=1)
         if norm / k < float(limit):
-            _remember_version(st)
+            _remember_grads(st)
 
 
 def _before_step(state, **_) -> None:
@@ -161,11 +182,10 @@ def _before_step(state, **_) -> None:
         return
     k = max(data["sites"].values(), default=0)
     state.extra[_K_KEY] = k
-    if k < 2 or any(factor * k <= _DIVIDED for factor in data["factors"]):
-        return
-    version = data.get("version")
-    if version is None or _grad_version(state) != version:
-        return  # gradients were rescaled in place after the last backward (e.g. p.grad /= k)
+    if k < 2 or any(factor * k <= _DIVIDED or factor > 1 for factor in data["factors"]):
+        return  # divided by about k, or scaled up on purpose
+    if _rescaled(state, data):
+        return  # gradients were rescaled after the last backward (e.g. p.grad /= k)
     report(
         "ACL301",
         f"{k} micro-batches contributed to this optimizer step through the same backward call, "

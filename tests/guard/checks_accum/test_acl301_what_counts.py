@@ -109,3 +109,41 @@ def test_the_clip_argument_of_above_really_gives_the_divided_loop_the_same_updat
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     torch.testing.assert_close(grads[0], grads[1])
+
+
+def _fairseq_update_freq(clip: float | None) -> None:
+    """fairseq: sum-reduced losses over `update_freq` micro-batches, then the gradients are
+    multiplied by 1 / (number of samples) through `.data` (which torch's version counter does not
+    see), optionally followed by a clip."""
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    samples = 0
+    for i, (x, y) in enumerate(make_loader(batches=2 * N)):
+        nn.functional.mse_loss(model(x), y, reduction="sum").backward()
+        samples += len(x)
+        if (i + 1) % N == 0:
+            for p in model.parameters():
+                p.grad.data.mul_(1.0 / samples)
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            opt.step()
+            opt.zero_grad()
+            samples = 0
+
+
+@pytest.mark.parametrize("clip", [None, 1e9, 1e-3])
+def test_gradients_divided_through_data_are_divided(guard_on, clip):
+    _fairseq_update_freq(clip)
+    assert codes(guard_on) == []
+
+
+def test_a_loss_scaled_up_on_purpose_is_the_users_choice(guard_on):
+    """YOLOv5 multiplies its mean loss by the batch size and sums the windows on purpose."""
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    for i, (x, y) in enumerate(make_loader(batches=2 * N)):
+        (nn.functional.mse_loss(model(x), y) * len(x)).backward()
+        if (i + 1) % N == 0:
+            opt.step()
+            opt.zero_grad()
+    assert codes(guard_on) == []
