@@ -56,10 +56,13 @@ is offered when the loss comes from a call the linter cannot see into, since it 
 already. `accelerator.backward` and `engine.backward` divide by themselves and are never flagged.
 
 ## At runtime
-Heuristic, raw loops only. The guard wraps `Tensor.backward` / `torch.autograd.backward` and counts
-per-parameter contributions per optimizer step. With k > 1 contributions, no loss whose root node
-divides by k (or multiplies by 1/k), and no reduction of the gradient norm before the step, it
-warns ACL301.
+Heuristic warning, raw loops only (the engine and Accelerate divide themselves). At each
+backward the guard reads the loss graph's root for a constant factor and notes the line that
+called backward. An accumulation window is k passes of the same backward line (separate loss
+terms of one batch, as in DCGAN or a multi-task loss, come from different lines and are not one).
+With k > 1, no pass divided by about k, no loss scaled up on purpose (`loss * batch_size`), and
+no rescaling of the gradients before the step (`p.grad /= k`, `p.grad.data.mul_(...)`, or a norm
+clip that would have clipped the divided gradients too), it warns ACL301.
 """,
 )
 
