@@ -185,7 +185,11 @@ class Tracker:
         return st
 
     def _forget(self, ref: Any) -> None:
+        """An optimizer was collected: drop its state everywhere, or the parameter map would keep
+        it (and through `OptState.scaler` its GradScaler) alive for the rest of the process."""
         self.states = [st for st in self.states if st.ref is not ref]
+        owned = self._param_owner
+        self._param_owner = {key: entry for key, entry in owned.items() if entry[1].ref is not ref}
 
     def scaler_state(self, scaler: Any) -> ScalerState:
         st = self.scalers.get(scaler)
