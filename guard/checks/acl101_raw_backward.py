@@ -44,6 +44,12 @@ def _after_backward(via, states, **_) -> None:
 def _before_unscale_or_step(scaler, optimizer, state, **_) -> None:
     if state.unscaled:  # already checked at this window's unscale_
         return
+    owner = state.prepared_by
+    fix = (
+        f"call {type(owner).__name__.lower()}.backward(loss) for every pass"
+        if owner is not None
+        else "use scaler.scale(loss).backward() for every pass"
+    )
     never_scaled = _private.scaler_scale_missing(scaler, "ACL101's never-scaled check")
     unscaled = state.contrib_backwards - state.contrib_scaled
     if never_scaled:
@@ -51,12 +57,12 @@ def _before_unscale_or_step(scaler, optimizer, state, **_) -> None:
             "ACL101",
             f"scaler.scale() was never called, yet {state.contrib_backwards} backward pass(es) "
             "reached this optimizer and the scaler now steps it (torch would fail on "
-            "'_scale is None'); use scaler.scale(loss).backward()",
+            f"'_scale is None'); {fix}",
         )
     elif unscaled > 0 and state.scaled_pending:
         report(
             "ACL101",
             f"{unscaled} of {state.contrib_backwards} backward passes since the last step did not "
             "go through scaler.scale(): unscale_ will divide their gradients by the loss scale "
-            "and they will effectively vanish; use scaler.scale(loss).backward() for every pass",
+            f"and they will effectively vanish; {fix}",
         )
