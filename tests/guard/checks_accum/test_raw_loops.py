@@ -253,7 +253,7 @@ def test_acl305_fp16_skip_test_is_respected(guard_on):
     )
 
 
-@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step()`:UserWarning")  # torch's
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step:UserWarning")  # torch's
 def test_acl305_epoch_scheduler_after_an_epoch_of_skipped_fp16_steps_is_silent(guard_on):
     """YOLOv5's first epoch: every step skipped while the loss scale calibrates, then the
     epoch-level scheduler steps. Its cadence is coarser than the optimizer's: not ACL305."""
