@@ -131,13 +131,14 @@ def _other_branch_owns_backward(model, loop, site) -> bool:
 
 
 def _flows_from_prepared(model, site) -> bool:
-    """False only when the loss visibly comes from models that were never prepared."""
+    """False when the loss visibly comes from models that were never prepared, or comes from
+    nowhere visible in a function that no prepared object can reach."""
     if not model.setup.prepared:
         return False  # an Accelerator used only for its device or logging owns no backward
+    scope = site.stmt.scope
     flow = model.flow(site)
     if flow is None or not flow.models:
-        return True
-    scope = site.stmt.scope
+        return model.prepared_in_reach(scope)
     return any(model.derives_from_prepared(name, scope) for name in flow.models)
 
 

@@ -245,6 +245,24 @@ class Model:
             return False
         return self._holds_prepared(text, scope, order, False, 0)
 
+    def prepared_in_reach(self, scope: Scope, depth: int = 0) -> bool:
+        """Whether code in `scope` can see a prepared object at all: a `prepare(...)` in this
+        function, an enclosing one or the module, in another method of its class, or in a
+        function that calls it. A loss of unknown origin in a function out of reach of every
+        prepare (a helper beside the one that prepares) is not the engine's."""
+        holders = [d.stmt.scope for d in self.setup.prepared_defs]
+        enclosing = scope
+        while enclosing is not None:
+            if any(h is enclosing for h in holders):
+                return True
+            enclosing = enclosing.parent
+        if scope.class_name is not None and any(h.class_name == scope.class_name for h in holders):
+            return True
+        if depth >= _MAX_RESOLVE_DEPTH:
+            return False
+        callers = self._callers.get(id(scope), ())
+        return any(self.prepared_in_reach(call.stmt.scope, depth + 1) for call in callers)
+
     def derives_from_prepared(self, text: str | None, scope: Scope) -> bool:
         """Prepared, or built from a prepared object: `diffusion = MedSegDiff(model).to(dev)`
         runs the prepared `model` inside its own forward."""

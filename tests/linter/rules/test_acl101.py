@@ -642,3 +642,43 @@ def test_scaler_stepped_through_a_method_of_the_same_class(acl101, at):
     """
     assert acl101.findings(source) == [("ACL101", *at(source, "loss.backward()"))]
     assert "self.scaler.scale(loss).backward()" in acl101.fixed(source)
+
+
+BESIDE_THE_ENGINE = """
+import torch
+from accelerate import Accelerator
+
+
+def prepared_run(model, opt):
+    accelerator = Accelerator(mixed_precision="fp16")
+    model, opt = accelerator.prepare(model, opt)
+    return accelerator, model, opt
+
+
+def plain_run(make):
+    model, opt = make()
+    for batch in range(3):
+        model(batch).sum().backward()
+        opt.step(); opt.zero_grad()
+
+
+def helper_of_the_prepared_run(model, opt, dl):
+    for batch in dl:
+        compute_loss(model, batch).backward()
+        opt.step(); opt.zero_grad()
+
+
+def main(model, opt, dl):
+    accelerator = Accelerator(mixed_precision="fp16")
+    model, opt, dl = accelerator.prepare(model, opt, dl)
+    helper_of_the_prepared_run(model, opt, dl)
+"""
+
+
+def test_unknown_loss_out_of_reach_of_every_prepare_is_not_flagged(acl101, at):
+    """A loss of unknown origin is the engine's only where a prepared object can reach it: in
+    `plain_run` (beside the function that prepares) it is not; in a helper that the preparing
+    `main` calls, it is."""
+    assert acl101.findings(BESIDE_THE_ENGINE) == [
+        ("ACL101", *at(BESIDE_THE_ENGINE, "compute_loss(model, batch).backward()"))
+    ]
