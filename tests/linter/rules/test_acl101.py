@@ -656,9 +656,9 @@ def prepared_run(model, opt):
 
 
 def plain_run(make):
-    model, opt = make()
+    student, opt = make()
     for batch in range(3):
-        model(batch).sum().backward()
+        student(batch).sum().backward()
         opt.step(); opt.zero_grad()
 
 
