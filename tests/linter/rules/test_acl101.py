@@ -646,20 +646,30 @@ def test_scaler_stepped_through_a_method_of_the_same_class(acl101, at):
 
 BESIDE_THE_ENGINE = """
 import torch
+from torch import nn
 from accelerate import Accelerator
 
 
-def prepared_run(model, opt):
-    accelerator = Accelerator(mixed_precision="fp16")
-    model, opt = accelerator.prepare(model, opt)
-    return accelerator, model, opt
+def make():
+    student = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    return student, torch.optim.SGD(student.parameters(), lr=0.1), torch.randn(16, 8)
 
 
-def plain_run(make):
-    student, opt = make()
-    for batch in range(3):
-        student(batch).sum().backward()
-        opt.step(); opt.zero_grad()
+def plain_run():
+    student, optimizer, x = make()
+    for _ in range(2):
+        optimizer.zero_grad()
+        student(x).square().mean().backward()
+        optimizer.step()
+
+
+def prepared_run(precision):
+    from guard.engine import Engine
+
+    engine = Engine(precision)
+    student, optimizer, x = make()
+    student, optimizer = engine.prepare(student, optimizer)
+    return engine, student, optimizer, x
 
 
 def helper_of_the_prepared_run(model, opt, dl):
