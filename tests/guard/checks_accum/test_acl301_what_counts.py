@@ -64,7 +64,7 @@ def test_a_constant_weight_is_not_a_division_by_n(guard_on, weight, expected):
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for i, batch in enumerate(make_loader(batches=2 * N)):
-        (weight * mse(model, batch)).backward()
+        (weight * mse(model, batch)).backward()  # noqa: ACL301 (a weight, on purpose)
         if (i + 1) % N == 0:
             opt.step()
             opt.zero_grad()
@@ -88,7 +88,7 @@ def test_a_clip_hides_the_bug_only_when_the_divided_gradients_clip_alike(guard_o
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for i, batch in enumerate(make_loader(batches=N)):
-        mse(model, batch).backward()
+        mse(model, batch).backward()  # noqa: ACL301 (undivided on purpose)
         if (i + 1) % N == 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
             opt.step()
@@ -142,7 +142,7 @@ def test_a_loss_scaled_up_on_purpose_is_the_users_choice(guard_on):
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     for i, (x, y) in enumerate(make_loader(batches=2 * N)):
-        (nn.functional.mse_loss(model(x), y) * len(x)).backward()
+        (nn.functional.mse_loss(model(x), y) * len(x)).backward()  # noqa: ACL301 (scaled up on purpose)
         if (i + 1) % N == 0:
             opt.step()
             opt.zero_grad()
