@@ -5,18 +5,16 @@ One subprocess runs every case on both ranks (starting a process group costs sec
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[2]
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))  # tests/guard, for the two-rank runner
 from dist_worker import N, padded_total  # noqa: E402
+from two_ranks import run_two_ranks  # noqa: E402
 
 W = 2
 
@@ -24,21 +22,8 @@ W = 2
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     results = tmp_path_factory.mktemp("dist-results")
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", ACCEL_GUARD="raise")
-    env["ACCEL_DIST_RESULTS"] = str(results)
-    done = _run_worker(env)
-    if done.returncode != 0 and "terminated with signal" in done.stderr:
-        done = _run_worker(env)  # once: a gloo worker can abort at teardown on a loaded machine
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(results.glob("rank*.json"))]
-    assert [r["rank"] for r in rows] == [0, 1]
-    return rows
-
-
-def _run_worker(env: dict) -> subprocess.CompletedProcess:
-    command = [sys.executable, str(HERE / "dist_worker.py")]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    worker = HERE / "dist_worker.py"
+    return run_two_ranks(worker, results, env={"ACCEL_DIST_RESULTS": str(results)})
 
 
 def _expected_token_bias(per_rank_lengths: list[list[int]]) -> tuple[int, float, float, float]:

@@ -3,31 +3,20 @@ ACL104 FSDP1 and ACL310 W=2 tests read its per-rank results."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[2]
+sys.path.insert(0, str(HERE.parent))  # tests/guard, for the two-rank runner
+from two_ranks import run_two_ranks  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def two_ranks(tmp_path_factory) -> list[dict]:
     results = tmp_path_factory.mktemp("two-rank-results")
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", ACCEL_GUARD="raise")
-    command = [sys.executable, str(HERE / "two_rank_worker.py"), str(results)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
-    if done.returncode != 0 and "terminated with signal" in done.stderr:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(results.glob("rank*.json"))]
-    assert [r["rank"] for r in rows] == [0, 1]
-    return rows
+    return run_two_ranks(HERE / "two_rank_worker.py", results, str(results))
 
 
 @pytest.fixture(autouse=True)

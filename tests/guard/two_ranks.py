@@ -1,0 +1,33 @@
+"""Run a worker script that trains on 2 gloo processes and collect what each rank wrote.
+
+Starting a process group costs seconds, so each test module runs its worker once and reads the
+per-rank JSON files (`rank0.json`, `rank1.json`) the worker writes into a results folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_two_ranks(worker: Path, results: Path, *args: str, env: dict | None = None) -> list[dict]:
+    """The ranks' rows, rank 0 first. The worker runs in raise mode with the repository on
+    PYTHONPATH; it is rerun once when a gloo process died by a signal (seen at teardown on a
+    heavily loaded machine), never for any other failure."""
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    full_env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", ACCEL_GUARD="raise")
+    full_env.update(env or {})
+    command = [sys.executable, str(worker), *args]
+    done = subprocess.run(command, env=full_env, capture_output=True, text=True, timeout=240)
+    if done.returncode != 0 and "terminated with signal" in done.stderr:
+        done = subprocess.run(command, env=full_env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(p.read_text(encoding="utf-8")) for p in results.glob("rank*.json")]
+    rows.sort(key=lambda row: row["rank"])
+    assert [row["rank"] for row in rows] == [0, 1]
+    return rows
