@@ -24,6 +24,7 @@ once per installation. Events (payloads as keyword arguments):
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +38,12 @@ def ensure(tracker, *names: str) -> None:
     """Install the named sources (idempotent while the guard stays installed)."""
     for name in names:
         _SOURCES[name](tracker)
+
+
+def _called_by_user() -> bool:
+    """Whether the function calling a wrapper (the wrapper calls this) is the user's code, not
+    torch's, Accelerate's or the guard's."""
+    return not _report._is_internal(sys._getframe(2).f_code.co_filename)
 
 
 def _installed(owner: Any, attribute: str) -> bool:
@@ -158,7 +165,6 @@ def _in_gather_for_metrics() -> bool:
 
 
 def _dist_gather(tracker) -> None:
-    import sys
 
     import torch.distributed as dist
 
@@ -171,7 +177,7 @@ def _dist_gather(tracker) -> None:
         @_patch.wraps_original(original)
         def all_gather_(output, *args, **kwargs):
             result = original(output, *args, **kwargs)
-            if not _report._is_internal(sys._getframe(1).f_code.co_filename):
+            if _called_by_user():
                 tracker.emit("dist_gather", parts=output_parts(output))
             return result
 
@@ -213,15 +219,13 @@ def _deprecated_amp(tracker) -> None:
 
 
 def _wrap_deprecated_init(tracker, cls: type, api: str) -> None:
-    import sys
-
     original = cls.__dict__.get("__init__", cls.__init__)
     device = api.split(".")[1]
     replacement = f"torch.amp.{cls.__name__}({device!r}, ...)"
 
     @_patch.wraps_original(original)
     def __init__(self, *args, **kwargs):
-        if not _report._is_internal(sys._getframe(1).f_code.co_filename):
+        if _called_by_user():
             tracker.emit("deprecated_amp", api=api, replacement=replacement)
         original(self, *args, **kwargs)
 
