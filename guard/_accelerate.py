@@ -37,6 +37,7 @@ def _patch_init(tracker, cls) -> None:
     def __init__(accelerator, *args, **kwargs):
         init(accelerator, *args, **kwargs)
         tracker.accelerators.append(weakref.ref(accelerator))
+        tracker.establish("accelerator")
 
     _patch.patch(cls, "__init__", __init__)
 
@@ -47,6 +48,7 @@ def _patch_prepare(tracker, cls) -> None:
     @_patch.wraps_original(prepare)
     def prepare_(accelerator, *args, **kwargs):
         result = prepare(accelerator, *args, **kwargs)
+        tracker.establish("accelerator")  # also one built before the guard was installed
         outputs = result if isinstance(result, tuple) else (result,)
         for obj in outputs:
             _register(tracker, accelerator, obj)
@@ -64,8 +66,10 @@ def _register(tracker, accelerator, obj: Any) -> None:
     if isinstance(obj, AcceleratedOptimizer):
         st = tracker.state(obj.optimizer)
         st.prepared_by, st.wrapper = accelerator, obj
+        tracker.establish("prepared")
     elif isinstance(obj, AcceleratedScheduler):
         tracker.prepared_schedulers[obj.scheduler] = (accelerator, obj)
+        tracker.establish("prepared")
     elif isinstance(obj, torch.nn.Module) and not _already_wrapped(obj):
         _wrap_forward(tracker, accelerator, obj)
 
@@ -92,6 +96,7 @@ def _patch_owned_calls(tracker, cls) -> None:
 
     @_patch.wraps_original(backward)
     def backward_(accelerator, loss, **kwargs):
+        tracker.establish("accelerator")
         with tracker.owning("accelerate"):
             return backward(accelerator, loss, **kwargs)
 
@@ -105,6 +110,7 @@ def _patch_contexts(tracker, cls) -> None:
 
     @contextlib.contextmanager
     def accumulate_(accelerator, *models):
+        tracker.establish("accumulate")
         tracker.emit("accumulate_enter", accelerator=accelerator, models=models)
         try:
             with accumulate(accelerator, *models):

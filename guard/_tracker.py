@@ -56,7 +56,10 @@ before per-micro-step work), `autocast_stack` (open `AutocastFrame`s), `regions_
 Accelerator), `prepared_schedulers` (inner scheduler -> (accelerator, wrapper)), `owners(params)`.
 
 Writing a check: add `guard/checks/<module>.py` with `CODES = (...)` and `install(tracker)` that
-subscribes; it is discovered automatically. The engine marks its own calls with
+subscribes; it is discovered automatically. A subscriber that cannot find anything until some
+fact holds (a GradScaler scaled a loss, an Accelerator exists; see `FACTS`) subscribes with
+`when=fact`: until then it is not called, so loops that never get there do not pay for it on
+every micro-step. The engine marks its own calls with
 `TRACKER.owning("engine")` (backward), `TRACKER.autocast_origin("engine")` (its autocast) and
 `TRACKER.flag("step_wrapper", wrapper)` / `flag("sched_wrapper", wrapper)` (prepared objects).
 """
@@ -64,6 +67,7 @@ subscribes; it is discovered automatically. The engine marks its own calls with
 from __future__ import annotations
 
 import contextlib
+import itertools
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -124,6 +128,26 @@ class AutocastFrame:
     location: str | None = None
 
 
+# Facts a subscription can wait for (`subscribe(..., when=fact)`), and who establishes them.
+FACTS = {
+    "scaled": "an enabled GradScaler scaled a tensor (the tracker's scale wrapper)",
+    "autocast": "an enabled autocast region was entered (the tracker's autocast wrappers)",
+    "accelerator": "an accelerate Accelerator was built (guard._accelerate)",
+    "prepared": "an Accelerator or guard.Engine prepared an optimizer or scheduler",
+    "accumulate": "Accelerator.accumulate() was entered (guard._accelerate)",
+    "ddp": "a DistributedDataParallel wrapper was built or ran a forward (checks._sources)",
+    "eval": "a module with children was switched to eval mode (ACL502's own subscriber)",
+}
+
+
+@dataclass(eq=False)
+class _Subscription:
+    order: int
+    event: str
+    fn: Callable[..., None]
+    when: str | None
+
+
 class _Flags:
     """Who is calling: set by the wrappers around the caller-owned entry points."""
 
@@ -142,7 +166,10 @@ class Tracker:
 
     def __init__(self) -> None:
         self.active = False
-        self._subs: dict[str, list[Callable[..., None]]] = {}
+        self._subs: dict[str, list[Callable[..., None]]] = {}  # event -> the live subscribers
+        self._entries: list[_Subscription] = []  # every subscription, live or waiting
+        self._order = itertools.count()
+        self.facts: set[str] = set()
         self.flags = _Flags()
         self.optimizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.scalers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -158,10 +185,42 @@ class Tracker:
 
     # -- subscriptions -------------------------------------------------------------------------
 
-    def subscribe(self, event: str, fn: Callable[..., None]) -> Callable[[], None]:
-        """Call `fn(**payload)` on every `event`; returns a function that unsubscribes."""
-        self._subs.setdefault(event, []).append(fn)
-        return lambda: self._subs.get(event, []).remove(fn)
+    def subscribe(
+        self, event: str, fn: Callable[..., None], *, when: str | None = None
+    ) -> Callable[[], None]:
+        """Call `fn(**payload)` on every `event`; returns a function that unsubscribes.
+
+        With `when`, only once that fact holds (see `establish`): a check that cannot fire
+        before, e.g. until a GradScaler scaled a loss, then costs nothing per micro-step in the
+        loops that never get there. Subscribers run in the order they subscribed either way.
+        """
+        entry = _Subscription(next(self._order), event, fn, when)
+        self._entries.append(entry)
+        self._rebuild(event)
+
+        def unsubscribe() -> None:
+            if entry in self._entries:
+                self._entries.remove(entry)
+                self._rebuild(event)
+
+        return unsubscribe
+
+    def establish(self, fact: str) -> None:
+        """Record that `fact` holds from now on (see `FACTS`); wakes the subscriptions waiting
+        for it. Cheap when it already holds: the sources call it on every occurrence."""
+        if fact in self.facts:
+            return
+        self.facts.add(fact)
+        for event in {entry.event for entry in self._entries if entry.when == fact}:
+            self._rebuild(event)
+
+    def _rebuild(self, event: str) -> None:
+        """A new list, not an edit: an `emit` in progress keeps iterating the old one."""
+        self._subs[event] = [
+            entry.fn
+            for entry in sorted(self._entries, key=lambda entry: entry.order)
+            if entry.event == event and (entry.when is None or entry.when in self.facts)
+        ]
 
     def emit(self, event: str, **payload: Any) -> None:
         for fn in self._subs.get(event, ()):
@@ -403,6 +462,7 @@ class Tracker:
                     if isinstance(t, torch.Tensor):
                         t._guard_scaled_by = scaler
                         tracker.scaled = True
+                tracker.establish("scaled")
                 tracker.emit("scale", scaler=scaler, outputs=outputs, scaled=scaled)
             return scaled
 
@@ -578,6 +638,8 @@ class Tracker:
                 grad_enabled=torch.is_grad_enabled(),
             )
             tracker.flags.autocast_origin = "user"  # regions nested inside are the user's again
+            if frame.enabled:
+                tracker.establish("autocast")
             try:
                 tracker.emit(
                     "autocast_enter",

@@ -157,6 +157,7 @@ class Engine:
             if TRACKER.active:  # the guard's checks judge this optimizer by the engine's rules
                 state = TRACKER.state(obj)
                 state.prepared_by, state.wrapper = self, optimizer
+                TRACKER.establish("prepared")
             return optimizer
         if isinstance(obj, DataLoader):
             return PreparedDataLoader(obj, self)
@@ -199,6 +200,7 @@ class Engine:
         self._schedulers.append(prepared)
         if TRACKER.active:
             TRACKER.prepared_schedulers[scheduler] = (self, prepared)
+            TRACKER.establish("prepared")
         return prepared
 
     # -------------------------------------------------------------------------- the window

@@ -4,8 +4,9 @@ They follow the tracker's rules: each patch goes through `guard._patch` (so `uni
 it) and only emits an event; the checks subscribe. `ensure(tracker, name, ...)` installs a source
 once per installation. Events (payloads as keyword arguments):
 
-- `loader_next(iterator)`: a torch DataLoader iterator produced a batch (Accelerate's prepared
-  loaders fetch one batch ahead through the same iterator).
+- `loader_start(iterator)`: a torch DataLoader iterator produced its first batch (a pass over
+  the loader began). Accelerate's prepared loaders fetch one batch ahead through the same
+  iterator. There is no event per batch: `LOADERS` counts them (see `LoaderProgress`).
 - `loader_end(iterator)`: that iterator is exhausted (its pass over the loader ended).
 - `sampler_iter(sampler)`: a `DistributedSampler` starts a pass.
 - `ddp_created(module)`: a `DistributedDataParallel` wrapper was built.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -50,11 +52,62 @@ def _installed(owner: Any, attribute: str) -> bool:
     return hasattr(getattr(owner, attribute, None), "__guard_original__")
 
 
+class LoaderPass:
+    """One pass over a DataLoader (kept after its iterator is gone)."""
+
+    finished = False  # its iterator was exhausted
+
+
+class LoaderProgress:
+    """What the DataLoader source records per batch, for checks to read when they need it.
+
+    A subscriber per batch would run on every micro-step of every loop; these fields cost the
+    loop almost nothing and answer the checks' questions: has a batch been fetched since, which
+    pass fed this step, did that pass end.
+    """
+
+    def __init__(self) -> None:
+        self.fetched = 0  # batches produced, plus one per exhausted pass (Accelerate's prepared
+        #                   loaders yield their last batch when the inner one is exhausted)
+        self.latest_pass: LoaderPass | None = None  # the pass of the latest batch
+        self._latest: weakref.ref | None = None  # the iterator of the latest batch
+        self._passes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # iterator -> pass
+
+    def latest(self) -> Any:
+        """The DataLoader iterator that produced the latest batch (None if gone or none yet)."""
+        return self._latest() if self._latest is not None else None
+
+    def batch(self, iterator) -> bool:
+        """Count a batch of `iterator`; True when it is the iterator's first."""
+        self.fetched += 1
+        latest = self._latest
+        if latest is not None and latest() is iterator:
+            return False  # the usual case: the same pass goes on
+        self._latest = weakref.ref(iterator)
+        current = self._passes.get(iterator)
+        first = current is None
+        if first:
+            current = self._passes[iterator] = LoaderPass()
+        self.latest_pass = current
+        return first
+
+    def ended(self, iterator) -> None:
+        self.fetched += 1
+        current = self._passes.get(iterator)
+        if current is not None:
+            current.finished = True
+
+
+LOADERS = LoaderProgress()
+
+
 def _loader(tracker) -> None:
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
     if _installed(_BaseDataLoaderIter, "__next__"):
         return
+    global LOADERS
+    LOADERS = progress = LoaderProgress()  # a new installation starts counting afresh
     original = _BaseDataLoaderIter.__next__
 
     @_patch.wraps_original(original)
@@ -62,9 +115,11 @@ def _loader(tracker) -> None:
         try:
             batch = original(iterator)
         except StopIteration:
+            progress.ended(iterator)
             tracker.emit("loader_end", iterator=iterator)
             raise
-        tracker.emit("loader_next", iterator=iterator)
+        if progress.batch(iterator):
+            tracker.emit("loader_start", iterator=iterator)
         return batch
 
     _patch.patch(_BaseDataLoaderIter, "__next__", __next__)
@@ -96,10 +151,12 @@ def _ddp(tracker) -> None:
     @_patch.wraps_original(init)
     def __init__(module, *args, **kwargs):
         init(module, *args, **kwargs)
+        tracker.establish("ddp")
         tracker.emit("ddp_created", module=module)
 
     @_patch.wraps_original(forward)
     def guarded_forward(module, *args, **kwargs):
+        tracker.establish("ddp")  # also a wrapper built before the guard was installed
         if torch.is_grad_enabled():
             sync = bool(getattr(module, "require_backward_grad_sync", True))
             tracker.emit("ddp_forward", module=module, sync=sync)

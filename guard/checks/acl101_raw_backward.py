@@ -15,7 +15,7 @@ CODES = ("ACL101",)
 
 
 def install(tracker) -> None:
-    tracker.subscribe("backward", _after_backward)
+    tracker.subscribe("backward", _after_backward, when="prepared")
     tracker.subscribe("unscale_pre", _before_unscale_or_step)
     tracker.subscribe("scaler_step_pre", _before_unscale_or_step)
 

@@ -12,7 +12,7 @@ CODES = ("ACL102",)
 
 
 def install(tracker) -> None:
-    tracker.subscribe("optimizer_step_pre", _before_step)
+    tracker.subscribe("optimizer_step_pre", _before_step, when="scaled")
 
 
 def _before_step(state, in_scaler_step, **_) -> None:

@@ -30,7 +30,7 @@ def install(tracker) -> None:
     tracker.subscribe("scaler_step_pre", _before)
     tracker.subscribe("unscale_pre", _before)
     tracker.subscribe("scaler_step", _remember)
-    tracker.subscribe("backward", _after_scaled_backward)
+    tracker.subscribe("backward", _after_scaled_backward, when="scaled")
 
 
 def _remember(optimizer, **_) -> None:

@@ -83,7 +83,7 @@ def install(tracker) -> None:
     forwards = _patch.track(_Fp16Forwards(tracker))
     tracker.subscribe("autocast_enter", forwards.region_entered)
     tracker.subscribe("autocast_exit", forwards.region_left)
-    tracker.subscribe("backward_pre", forwards.before_backward)
+    tracker.subscribe("backward_pre", forwards.before_backward, when="autocast")
 
 
 def _find_tag(roots: list) -> tuple[bool, tuple[str | None, str]]:

@@ -12,8 +12,12 @@ CODES = ("ACL108",)
 
 
 def install(tracker) -> None:
-    tracker.subscribe("optimizer_step_pre", _before_optimizer_step)
-    tracker.subscribe("scheduler_step_pre", lambda **kw: _before_scheduler_step(tracker, **kw))
+    tracker.subscribe("optimizer_step_pre", _before_optimizer_step, when="prepared")
+    tracker.subscribe(
+        "scheduler_step_pre",
+        lambda **kw: _before_scheduler_step(tracker, **kw),
+        when="prepared",
+    )
 
 
 def _before_optimizer_step(state, via_wrapper, **_) -> None:

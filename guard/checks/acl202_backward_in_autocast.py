@@ -13,7 +13,7 @@ CODES = ("ACL202",)
 
 def install(tracker) -> None:
     # partial, not a lambda: one Python frame less on every backward
-    tracker.subscribe("backward_pre", functools.partial(_before_backward, tracker))
+    tracker.subscribe("backward_pre", functools.partial(_before_backward, tracker), when="autocast")
 
 
 def _before_backward(tracker, tensors, via, **_) -> None:

@@ -24,7 +24,7 @@ def install(tracker) -> None:
         if n > 1:
             _check(tensors[0], n)
 
-    tracker.subscribe("backward_pre", before_backward)
+    tracker.subscribe("backward_pre", before_backward, when="accelerator")
 
 
 def _check(root, n: int) -> None:

@@ -32,9 +32,12 @@ def install(tracker) -> None:
 
     tracker.subscribe("accumulate_enter", enter)
     tracker.subscribe("accumulate_exit", leave)
-    tracker.subscribe("backward", after_backward)
-    tracker.subscribe("optimizer_step_pre", _before_step)
-    tracker.subscribe("optimizer_step", lambda state, **_: state.extra.pop(_KEY, None))
+    # only Accelerate's backward is counted, and only a prepared optimizer is judged
+    tracker.subscribe("backward", after_backward, when="accelerator")
+    tracker.subscribe("optimizer_step_pre", _before_step, when="accelerator")
+    tracker.subscribe(
+        "optimizer_step", lambda state, **_: state.extra.pop(_KEY, None), when="accelerator"
+    )
 
 
 def _before_step(state, **_) -> None:

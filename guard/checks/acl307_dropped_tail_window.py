@@ -29,8 +29,7 @@ def install(tracker) -> None:
         counters["backward_at_last_step"] = tracker.backward_id
 
     def first_batch(iterator, **_) -> None:
-        if iterator not in started:
-            started[iterator] = (counters["steps"], tracker.backward_id)
+        started[iterator] = (counters["steps"], tracker.backward_id)
 
     def pass_ended(iterator, **_) -> None:
         steps_at_start, backward_at_start = started.pop(iterator, (None, None))
@@ -44,7 +43,7 @@ def install(tracker) -> None:
                 return
 
     tracker.subscribe("optimizer_step", after_step)
-    tracker.subscribe("loader_next", first_batch)
+    tracker.subscribe("loader_start", first_batch)
     tracker.subscribe("loader_end", pass_ended)
 
 

@@ -23,12 +23,8 @@ CODES = ("ACL309",)
 
 def install(tracker) -> None:
     _sources.ensure(tracker, "loader", "ddp")
-    fetched = {"batches": 0}
     entry = {"batch": None, "open": False, "hits": []}
     micro: dict = {"accelerator": None, "sync": {}}  # since the last backward
-
-    def next_batch(**_) -> None:
-        fetched["batches"] += 1
 
     def enter(accelerator, models, **_) -> None:
         entry["open"], entry["hits"] = False, []
@@ -36,7 +32,7 @@ def install(tracker) -> None:
             state = accelerator.gradient_state
             if not state.in_dataloader:
                 _report_unprepared_loader(accelerator)
-            batch = (id(state.active_dataloader), fetched["batches"])
+            batch = (id(state.active_dataloader), _sources.LOADERS.fetched)
             if batch == entry["batch"]:
                 _report_second_entry(accelerator, models)
             entry["batch"] = batch
@@ -63,12 +59,11 @@ def install(tracker) -> None:
             _report_second_backward(states, len(entry["hits"]) + 1)
         entry["hits"].append(hit)
 
-    tracker.subscribe("loader_next", next_batch)
-    tracker.subscribe("loader_end", next_batch)  # a prepared loader yields its last batch then
     tracker.subscribe("accumulate_enter", enter)
     tracker.subscribe("accumulate_exit", leave)
-    tracker.subscribe("ddp_forward", ddp_forward)
-    tracker.subscribe("backward", after_backward)
+    # what a micro-step did matters only inside accumulate(), entered at least once
+    tracker.subscribe("ddp_forward", ddp_forward, when="accumulate")
+    tracker.subscribe("backward", after_backward, when="accumulate")
 
 
 def _syncs_with_loader(accelerator) -> bool:

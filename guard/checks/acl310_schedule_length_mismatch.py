@@ -40,12 +40,6 @@ _FLOOR = 1e-3  # a LambdaLR factor this small (relative to its peak) counts as i
 _UNKNOWN = object()
 
 
-class _Pass:
-    """One pass over a DataLoader (kept after its iterator is gone)."""
-
-    finished = False
-
-
 @dataclass
 class _Progress:
     """What one prepared scheduler has shown so far."""
@@ -53,7 +47,7 @@ class _Progress:
     horizon: object = _UNKNOWN  # H, None when the schedule has no end to run out of
     started: int | None = None  # optimizer steps taken before the scheduler's first one
     ended_at: int | None = None  # the optimizer step that first ran with the schedule over
-    last_pass: _Pass | None = None  # the loader pass of its optimizer's latest step
+    last_pass: _sources.LoaderPass | None = None  # the loader pass of its optimizer's latest step
     judged: bool = False
 
 
@@ -61,7 +55,6 @@ def install(tracker) -> None:
     _sources.ensure(tracker, "finish", "loader")
     progress: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     prepared_at: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-    loader = _Loaders()
 
     def after_prepare(**_) -> None:
         location = _report.user_location()
@@ -76,7 +69,7 @@ def install(tracker) -> None:
             optimizer = getattr(scheduler, "optimizer", None)
             if entry.judged or optimizer is None or tracker.state(optimizer) is not state:
                 continue
-            entry.last_pass = loader.latest
+            entry.last_pass = _sources.LOADERS.latest_pass
             if _exhausted(scheduler, entry, state.steps):
                 entry.judged = True
                 _report_exhausted(scheduler, entry, accelerator, wrapper, state.steps, prepared_at)
@@ -95,29 +88,8 @@ def install(tracker) -> None:
                 _report_short(scheduler, accelerator, horizon, position, prepared_at)
 
     tracker.subscribe("prepare", after_prepare)
-    tracker.subscribe("optimizer_step", after_step)
-    tracker.subscribe("loader_next", loader.batch)
-    tracker.subscribe("loader_end", loader.pass_ended)
+    tracker.subscribe("optimizer_step", after_step, when="prepared")
     tracker.subscribe("finish", at_finish)
-
-
-class _Loaders:
-    """The DataLoader pass that produced the latest batch (it feeds the next optimizer step)."""
-
-    def __init__(self) -> None:
-        self._passes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # iterator -> pass
-        self.latest: _Pass | None = None
-
-    def batch(self, iterator, **_) -> None:
-        current = self._passes.get(iterator)
-        if current is None:
-            current = self._passes[iterator] = _Pass()
-        self.latest = current
-
-    def pass_ended(self, iterator, **_) -> None:
-        current = self._passes.get(iterator)
-        if current is not None:
-            current.finished = True
 
 
 def _horizon(scheduler, entry: _Progress):

@@ -46,7 +46,7 @@ def install(tracker) -> None:
 
     tracker.subscribe("ddp_created", created)
     tracker.subscribe("ddp_forward", forward)
-    tracker.subscribe("optimizer_step_pre", before_step)
+    tracker.subscribe("optimizer_step_pre", before_step, when="ddp")
 
 
 def _first_params(module) -> list:

@@ -53,23 +53,19 @@ class _Pass:
 
 def install(tracker) -> None:
     _sources.ensure(tracker, "gather", "dist_gather", "loader", "sampler")
-    fetched = {"batches": 0}
+    loaders = _sources.LOADERS
     prepared: dict = {}  # id(prepared loader) -> (its iteration, _Pass)
     sampled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # torch iterator -> _Pass
-    started: weakref.WeakSet = weakref.WeakSet()  # torch iterators past their first batch
-    current: dict = {"sampler": None, "iterator": None}
+    current: dict = {"sampler": None}  # (DistributedSampler, batches fetched before its pass)
 
-    def next_batch(iterator, **_) -> None:
-        fetched["batches"] += 1
-        current["iterator"] = weakref.ref(iterator)
-        sampler, current["sampler"] = current["sampler"], None
-        if iterator not in started:  # a DistributedSampler starts just before its first batch
-            started.add(iterator)
-            if sampler is not None:
-                sampled[iterator] = _sampler_pass(sampler, tracker.backward_id)
+    def first_batch(iterator, **_) -> None:
+        started, current["sampler"] = current["sampler"], None
+        # a DistributedSampler starts right before its loader's first batch, none in between
+        if started is not None and started[1] == loaders.fetched - 1:
+            sampled[iterator] = _sampler_pass(started[0], tracker.backward_id)
 
     def sampler_started(sampler, **_) -> None:
-        current["sampler"] = sampler  # a DistributedSampler: its loader's first batch comes next
+        current["sampler"] = (sampler, loaders.fetched)
 
     def accelerate_gathered(accelerator, result, **_) -> None:
         state = accelerator.gradient_state
@@ -82,23 +78,22 @@ def install(tracker) -> None:
             seen = prepared[id(loader)] = (iteration, _prepared_pass(loader, state, tracker))
         evaluation = seen[1]
         if evaluation is not None:
-            evaluation.add(fetched["batches"], _tensor_samples(result))
+            evaluation.add(loaders.fetched, _tensor_samples(result))
             if state.end_of_dataloader:
                 _judge(evaluation, tracker, accelerator.num_processes)
 
     def dist_gathered(parts, **_) -> None:
-        iterator = current["iterator"]() if current["iterator"] is not None else None
+        iterator = loaders.latest()
         evaluation = sampled.get(iterator) if iterator is not None else None
         if evaluation is not None:
-            evaluation.add(fetched["batches"], sum(_object_samples(p) for p in parts))
+            evaluation.add(loaders.fetched, sum(_object_samples(p) for p in parts))
 
     def pass_ended(iterator, **_) -> None:
-        fetched["batches"] += 1
         evaluation = sampled.pop(iterator, None)
         if evaluation is not None:
             _judge(evaluation, tracker, _world_size())
 
-    tracker.subscribe("loader_next", next_batch)
+    tracker.subscribe("loader_start", first_batch)
     tracker.subscribe("loader_end", pass_ended)
     tracker.subscribe("sampler_iter", sampler_started)
     tracker.subscribe("gather", accelerate_gathered)

@@ -37,6 +37,7 @@ def install(tracker) -> None:
                 handle = _patch.track(module.register_forward_hook(count_forward))
                 trained = [st for st in tracker.owners(list(module.parameters())) if st.steps]
                 in_eval[id(module)] = (module, handle, trained)
+                tracker.establish("eval")
         elif mode and id(module) in in_eval:
             _module, handle, _trained = in_eval.pop(id(module))
             handle.remove()
@@ -53,8 +54,8 @@ def install(tracker) -> None:
                 return
 
     tracker.subscribe("train_mode", mode_changed)
-    tracker.subscribe("backward", after_backward)
-    tracker.subscribe("optimizer_step_pre", before_step)
+    tracker.subscribe("backward", after_backward, when="eval")
+    tracker.subscribe("optimizer_step_pre", before_step, when="eval")
 
 
 def _trained_by(module, optimizer) -> bool:
