@@ -132,6 +132,7 @@ class AutocastFrame:
 FACTS = {
     "scaled": "an enabled GradScaler scaled a tensor (the tracker's scale wrapper)",
     "autocast": "an enabled autocast region was entered (the tracker's autocast wrappers)",
+    "fp16-autocast": "an enabled float16 autocast region was entered (the same wrappers)",
     "accelerator": "an accelerate Accelerator was built (guard._accelerate)",
     "prepared": "an Accelerator or guard.Engine prepared an optimizer or scheduler",
     "accumulate": "Accelerator.accumulate() was entered (guard._accelerate)",
@@ -640,6 +641,8 @@ class Tracker:
             tracker.flags.autocast_origin = "user"  # regions nested inside are the user's again
             if frame.enabled:
                 tracker.establish("autocast")
+                if frame.dtype == torch.float16:
+                    tracker.establish("fp16-autocast")
             try:
                 tracker.emit(
                     "autocast_enter",

@@ -82,8 +82,9 @@ class _Fp16Forwards:
 def install(tracker) -> None:
     forwards = _patch.track(_Fp16Forwards(tracker))
     tracker.subscribe("autocast_enter", forwards.region_entered)
-    tracker.subscribe("autocast_exit", forwards.region_left)
-    tracker.subscribe("backward_pre", forwards.before_backward, when="autocast")
+    # bf16 regions never tag anything: only an fp16 region wakes the per-micro-step parts
+    tracker.subscribe("autocast_exit", forwards.region_left, when="fp16-autocast")
+    tracker.subscribe("backward_pre", forwards.before_backward, when="fp16-autocast")
 
 
 def _find_tag(roots: list) -> tuple[bool, tuple[str | None, str]]:

@@ -145,3 +145,13 @@ def test_the_loader_source_counts_batches_and_passes(guard_on):
     finally:
         drop_start()
         drop_end()
+
+
+def test_bf16_autocast_leaves_the_fp16_only_check_asleep(fresh_guard):
+    from guard._tracker import TRACKER
+
+    _train(_loader(), autocast=True)  # bfloat16
+    assert "autocast" in TRACKER.facts
+    assert "fp16-autocast" not in TRACKER.facts
+    woken = [fn for fn in TRACKER._subs["backward_pre"] if "acl106" in fn.__module__]
+    assert woken == []
