@@ -54,7 +54,9 @@ class _Pass:
 def install(tracker) -> None:
     _sources.ensure(tracker, "gather", "dist_gather", "loader", "sampler")
     loaders = _sources.LOADERS
-    prepared: dict = {}  # id(prepared loader) -> (its iteration, _Pass)
+    # id(prepared loader) -> (the loader, weakly; its iteration; _Pass): ids of gone loaders
+    # are reused, and a new loader must not inherit a finished pass
+    prepared: dict = {}
     sampled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # torch iterator -> _Pass
     current: dict = {"sampler": None}  # (DistributedSampler, batches fetched before its pass)
 
@@ -74,9 +76,10 @@ def install(tracker) -> None:
             return
         iteration = getattr(loader, "iteration", 0)
         seen = prepared.get(id(loader))
-        if seen is None or seen[0] != iteration:
-            seen = prepared[id(loader)] = (iteration, _prepared_pass(loader, state, tracker))
-        evaluation = seen[1]
+        if seen is None or seen[0]() is not loader or seen[1] != iteration:
+            evaluation = _prepared_pass(loader, state, tracker)
+            seen = prepared[id(loader)] = (weakref.ref(loader), iteration, evaluation)
+        evaluation = seen[2]
         if evaluation is not None:
             evaluation.add(loaders.fetched, _tensor_samples(result))
             if state.end_of_dataloader:
