@@ -11,6 +11,11 @@ from guard import _report
 
 _dtype_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
+# Set in an optimizer state's `extra` by ACL309 when it reported a DDP model left out of
+# accumulate() (it all-reduces on every micro-step); ACL401, which sees the same all-reduces at
+# the step, then stays silent for that window: one finding for one mistake.
+LEFT_OUT_OF_ACCUMULATE = "ACL309_left_out"
+
 
 def report(code: str, message: str, level: _report.Level = "error") -> None:
     """Report with a pointer to the shared catalogue text."""

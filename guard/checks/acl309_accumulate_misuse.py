@@ -15,8 +15,9 @@ no_sync() on the sync step never syncs. Reported at the disagreeing forward, bef
 
 from __future__ import annotations
 
+from guard import _report
 from guard.checks import _sources
-from guard.checks._common import report
+from guard.checks._common import LEFT_OUT_OF_ACCUMULATE, report
 
 CODES = ("ACL309",)
 
@@ -44,11 +45,14 @@ def install(tracker) -> None:
 
     def ddp_forward(module, sync, **_) -> None:
         flags = micro["sync"]
-        flags[id(module)] = (sync, type(getattr(module, "module", module)).__name__)
-        agreed = len({flag for flag, _ in flags.values()}) == 1
-        if not agreed and micro["accelerator"] is not None and not micro.get("reported"):
+        flags[id(module)] = (sync, type(getattr(module, "module", module)).__name__, module)
+        agreed = len({flag for flag, _, _ in flags.values()}) == 1
+        accelerator = micro["accelerator"]
+        if not agreed and accelerator is not None and not micro.get("reported"):
             micro["reported"] = True
-            _report_mixed_sync(micro["accelerator"], flags.values())
+            if not accelerator.sync_gradients and _report.enabled("ACL309"):
+                _mark_left_out(tracker, flags.values())  # else ACL401 must still report it
+            _report_mixed_sync(accelerator, flags.values())
 
     def after_backward(states, **_) -> None:
         micro.update(accelerator=None, sync={}, reported=False)
@@ -104,6 +108,15 @@ def _report_second_backward(states, k: int) -> None:
     )
 
 
+def _mark_left_out(tracker, flags) -> None:
+    """The optimizers of the models that all-reduce off the sync step: ACL401 leaves their
+    window to this finding."""
+    for sync, _name, module in flags:
+        first = next(module.parameters(), None) if sync else None
+        for st in tracker.owners([first] if first is not None else []):
+            st.extra[LEFT_OUT_OF_ACCUMULATE] = True
+
+
 def _report_mixed_sync(accelerator, flags) -> None:
     """An error when a model waits on the sync step (its replicas diverge); a warning otherwise.
 
@@ -112,7 +125,7 @@ def _report_mixed_sync(accelerator, flags) -> None:
     """
     calls = ", ".join(
         f"model {i} ({name}) {'all-reduces in its backward' if sync else 'waits under no_sync()'}"
-        for i, (sync, name) in enumerate(flags, start=1)
+        for i, (sync, name, _module) in enumerate(flags, start=1)
     )
     n = accelerator.gradient_accumulation_steps
     if accelerator.sync_gradients:

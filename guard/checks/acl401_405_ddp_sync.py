@@ -7,7 +7,9 @@ DDP model between steps of the optimizers that own its parameters. More than one
 in a window of several micro-batches is wasted communication (ACL401). Backward passes with no
 synced forward at all mean the replicas step on local gradients and diverge (ACL405: forward
 through `model.module`, a sync flag that stays False, `no_sync()` around the stepping
-micro-step); that is raised before the step. Only with more than one process.
+micro-step); that is raised before the step. Only with more than one process. A window whose
+extra all-reduces came from a model left out of `accelerator.accumulate()` is ACL309's finding
+(reported at the forward, naming the model), so ACL401 stays silent for it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import weakref
 import torch
 
 from guard.checks import _sources
-from guard.checks._common import report
+from guard.checks._common import LEFT_OUT_OF_ACCUMULATE, report
 
 CODES = ("ACL401", "ACL405")
 _SYNCED = "ACL401_synced_forwards"
@@ -40,8 +42,9 @@ def install(tracker) -> None:
                     st.extra[_SYNCED] = st.extra.get(_SYNCED, 0) + 1
 
     def before_step(optimizer, state, **_) -> None:
+        reported = state.extra.pop(LEFT_OUT_OF_ACCUMULATE, False)  # by ACL309, this window
         if state.backwards and _world_size() > 1 and _trains_ddp(state, optimizer, ddp_modules):
-            _judge_window(state)
+            _judge_window(state, extra_syncs_reported=reported)
         state.extra[_SYNCED] = 0
 
     tracker.subscribe("ddp_created", created)
@@ -69,7 +72,7 @@ def _trains_ddp(state, optimizer, ddp_modules) -> bool:
     return cached
 
 
-def _judge_window(state) -> None:
+def _judge_window(state, extra_syncs_reported: bool) -> None:
     synced = state.extra.get(_SYNCED, 0)
     k = state.backwards
     if synced == 0:
@@ -80,7 +83,7 @@ def _judge_window(state) -> None:
             "the replicas diverge; call the DDP wrapper (model(x), not model.module(x)) and let "
             "the micro-step that steps run outside no_sync()",
         )
-    elif synced > 1 and k > 1 and not _accelerate_syncs_each_batch():
+    elif synced > 1 and k > 1 and not extra_syncs_reported and not _accelerate_syncs_each_batch():
         report(
             "ACL401",
             f"{synced} of the {k} micro-batches of this optimizer step all-reduced their "

@@ -256,6 +256,15 @@ def sampler_eval(guard, samples: int, batch_size: int, objects: bool = False) ->
 # -- driver ----------------------------------------------------------------------------------------
 
 
+def ignoring(code: str, case, guard, *args) -> dict:
+    """Run `case` with `code` ignored (`guard.configure(ignore=...)`), then restore."""
+    guard.configure(ignore=[code])
+    try:
+        return case(guard, *args)
+    finally:
+        guard.configure(ignore=[])
+
+
 def cases(guard) -> dict:
     rank = dist.get_rank()
     uneven, even = 50, 48  # 50 % (2 ranks * 8) != 0; 48 % 16 == 0
@@ -270,6 +279,7 @@ def cases(guard) -> dict:
         "acl309_one_tower": two_towers(guard, "one"),
         "acl309_one_tower_no_sync": two_towers(guard, "one+no_sync"),
         "acl309_both_towers": two_towers(guard, "both"),
+        "acl309_ignored_one_tower": ignoring("ACL309", two_towers, guard, "one"),
         "acl403": {
             f"{how}_{samples}": accelerate_eval(guard, samples, 8, how)
             for samples in (uneven, even)
