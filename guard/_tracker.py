@@ -67,7 +67,6 @@ every micro-step. The engine marks its own calls with
 from __future__ import annotations
 
 import contextlib
-import itertools
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -143,7 +142,6 @@ FACTS = {
 
 @dataclass(eq=False)
 class _Subscription:
-    order: int
     event: str
     fn: Callable[..., None]
     when: str | None
@@ -168,8 +166,7 @@ class Tracker:
     def __init__(self) -> None:
         self.active = False
         self._subs: dict[str, list[Callable[..., None]]] = {}  # event -> the live subscribers
-        self._entries: list[_Subscription] = []  # every subscription, live or waiting
-        self._order = itertools.count()
+        self._entries: list[_Subscription] = []  # every subscription in order, live or waiting
         self.facts: set[str] = set()
         self.flags = _Flags()
         self.optimizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -195,7 +192,9 @@ class Tracker:
         before, e.g. until a GradScaler scaled a loss, then costs nothing per micro-step in the
         loops that never get there. Subscribers run in the order they subscribed either way.
         """
-        entry = _Subscription(next(self._order), event, fn, when)
+        if when is not None and when not in FACTS:
+            raise ValueError(f"unknown fact {when!r}; known: {', '.join(FACTS)}")
+        entry = _Subscription(event, fn, when)
         self._entries.append(entry)
         self._rebuild(event)
 
@@ -211,6 +210,8 @@ class Tracker:
         for it. Cheap when it already holds: the sources call it on every occurrence."""
         if fact in self.facts:
             return
+        if fact not in FACTS:
+            raise ValueError(f"unknown fact {fact!r}; known: {', '.join(FACTS)}")
         self.facts.add(fact)
         for event in {entry.event for entry in self._entries if entry.when == fact}:
             self._rebuild(event)
@@ -219,7 +220,7 @@ class Tracker:
         """A new list, not an edit: an `emit` in progress keeps iterating the old one."""
         self._subs[event] = [
             entry.fn
-            for entry in sorted(self._entries, key=lambda entry: entry.order)
+            for entry in self._entries
             if entry.event == event and (entry.when is None or entry.when in self.facts)
         ]
 

@@ -44,6 +44,14 @@ def test_unsubscribing_works_for_waiting_and_live_subscriptions():
     assert calls == []
 
 
+def test_an_unknown_fact_is_refused():
+    tracker = Tracker()
+    with pytest.raises(ValueError, match="unknown fact 'scaler'"):
+        tracker.subscribe("backward", lambda **_: None, when="scaler")
+    with pytest.raises(ValueError, match="unknown fact 'scaler'"):
+        tracker.establish("scaler")
+
+
 def test_a_subscriber_woken_during_an_emit_starts_with_the_next_one():
     tracker, calls = Tracker(), []
 
