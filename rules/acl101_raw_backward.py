@@ -115,7 +115,7 @@ def _already_scaled(model, site) -> bool:
         return False
     if isinstance(func.value, cst.Name) and model.scale_loss_source(dotted(func.value), scope):
         return True  # apex: `with amp.scale_loss(loss, opt) as scaled: scaled.backward()`
-    return model.scaled_loss(func.value, scope) is not None
+    return model.is_scaled_loss(func.value, scope, site.stmt.order)
 
 
 def _other_branch_owns_backward(model, loop, site) -> bool:

@@ -203,7 +203,8 @@ def _division_edits(ctx, site, loss, k: str) -> list:
             return [edit]
     divided = f"{_operand(loss)} / {k}"
     receiver = site.call.func.value if isinstance(site.call.func, cst.Attribute) else None
-    return [ctx.replace(loss, f"({divided})" if loss is receiver else divided)]
+    wrap = loss is receiver and not loss.lpar  # a parenthesised receiver keeps its own parens
+    return [ctx.replace(loss, f"({divided})" if wrap else divided)]
 
 
 def _read_after(site, name: str) -> bool:

@@ -290,14 +290,18 @@ class Model:
             return False
         if text in scope.params:
             sites = self.argument_sites(scope, text)
-            if not sites:
-                return unknown
+            if not sites:  # a function that prepares its own objects left this one alone
+                return unknown and not self._prepares_in(scope)
             return any(
                 self._argument_holds_prepared(e, s, wrappers, depth + 1, unknown) for e, s in sites
             )
         if scope.parent is not None:
             return self._holds_prepared(text, scope.parent, None, wrappers, depth, unknown)
         return unknown and text in self.setup.prepared
+
+    def _prepares_in(self, scope: Scope) -> bool:
+        """Whether `scope` itself assigns the result of a `prepare(...)` call."""
+        return any(d.stmt.scope is scope for d in self.setup.prepared_defs)
 
     def _visible_defs(self, text: str, scope: Scope, order: int | None) -> list[Def]:
         """The assignments that may bind `text` at this point of `scope`: the last one before
@@ -675,6 +679,39 @@ class Model:
             if self.scaler_role(dotted(pair[0]), scope) is not None or "scal" in code(pair[0]):
                 return positional(node)[0]
         return None
+
+    def is_scaled_loss(self, node: cst.CSTNode, scope: Scope, order: int) -> bool:
+        """Whether the tensor a backward starts from (at statement `order`) went through
+        `scaler.scale`: directly, in an arm of `scaler.scale(loss) if amp else loss` (the other
+        arm is a deliberate fp32 path), or through a name bound to one."""
+        return self._scaled_value(node, scope, order, 0)
+
+    def names_a_scaled_loss(
+        self, node: cst.CSTNode, scope: Scope, order: int, depth: int = 0
+    ) -> bool:
+        """A name last bound (before statement `order`) to a scaled loss, also after arithmetic:
+        `scaled = scaler.scale(loss)`, `scaled = scaled / K` (or `scaled /= K`), then
+        `scaled.backward()`."""
+        text = dotted(node)
+        defs = scope.defs_before(text, order) if text else []
+        if not defs or defs[-1].tuple_index is not None or depth > _MAX_RESOLVE_DEPTH:
+            return False
+        d = defs[-1]
+        if d.op != "=":  # `scaled /= K` keeps what `scaled` held
+            return self.names_a_scaled_loss(node, scope, d.stmt.order, depth + 1)
+        return self._scaled_value(d.value, scope, d.stmt.order, depth + 1)
+
+    def _scaled_value(self, value: cst.CSTNode, scope: Scope, order: int, depth: int) -> bool:
+        value = strip_parens(value)
+        if self.scaled_loss(value, scope) is not None:
+            return True
+        if isinstance(value, cst.BinaryOperation):
+            sides = (value.left, value.right)
+            return any(self._scaled_value(side, scope, order, depth) for side in sides)
+        if isinstance(value, cst.IfExp):
+            arms = (value.body, value.orelse)
+            return any(self._scaled_value(arm, scope, order, depth) for arm in arms)
+        return dotted(value) is not None and self.names_a_scaled_loss(value, scope, order, depth)
 
     def engine_k(self, engine_text: str | None = None) -> cst.BaseExpression | None:
         """The accumulation value given to an engine (the first configured one by default)."""

@@ -39,6 +39,7 @@ _PASS_METHODS = {
     "cuda",
     "cpu",
     "values",  # `sum(loss_dict.values())`: the dict a model returned
+    "items",  # `sum(v for k, v in loss_dict.items() if "loss" in k)`
     "get",
     "pop",
 }
@@ -89,6 +90,7 @@ class Tracer:
         self.scope = scope
         self.flow = Flow(UNKNOWN)
         self._seen: dict[int, str] = {}  # id(Def) -> its state (UNKNOWN while in progress)
+        self._bound: dict[str, str] = {}  # names a comprehension binds -> their iterable's state
 
     def trace(self, expr: cst.BaseExpression, order: int) -> Flow:
         self.flow.state = self._expr(expr, self.scope, order, 0, None)
@@ -121,7 +123,25 @@ class Tracer:
             return self._expr(node.elements[index].value, scope, order, depth, None)
         if isinstance(node, (cst.Dict, cst.List, cst.Tuple)) and index is None:
             return self._collection(node, scope, order, depth)
+        if isinstance(node, (cst.GeneratorExp, cst.ListComp, cst.SetComp)):
+            return self._comprehension(node, scope, order, depth)
         return UNKNOWN
+
+    def _comprehension(self, node, scope: Scope, order: int, depth: int) -> str:
+        """`sum(v for k, v in out.items() if "loss" in k)`: the element, with the names the
+        comprehension binds standing for its iterables (`v / accum` divides, `v` does not)."""
+        bound = dict(self._bound)
+        clause = node.for_in
+        while clause is not None:
+            state = self._expr(clause.iter, scope, order, depth + 1, None)
+            for name in _target_names(clause.target):
+                bound[name] = state
+            clause = clause.inner_for_in
+        outer, self._bound = self._bound, bound
+        try:
+            return self._expr(node.elt, scope, order, depth + 1, None)
+        finally:
+            self._bound = outer
 
     def _collection(self, node, scope: Scope, order: int, depth: int) -> str:
         """`{"dice": dice, "bce": bce}` or `[l1, l2]` later summed: as divided as its losses."""
@@ -133,6 +153,9 @@ class Tracer:
         return _combine(*states) if states else UNKNOWN
 
     def _name(self, node, text: str, scope: Scope, order: int, depth: int, index) -> str:
+        head = text.split(".", 1)[0]
+        if head in self._bound:
+            return self._bound[head]
         defs = scope.defs_before(text, order)
         if defs:
             return self._def(defs[-1], scope, depth)
@@ -254,6 +277,9 @@ class Tracer:
 
     # calls -------------------------------------------------------------------------
     def _call(self, node: cst.Call, scope: Scope, order: int, depth: int, index) -> str:
+        scaled = self.model.scaled_loss(node, scope)
+        if scaled is not None:  # `scaler.scale(loss)` multiplies by S, which unscale_ undoes
+            return self._expr(scaled, scope, order, depth, None)
         pair = method_call(node)
         qual = self.model.imports.qualify(node.func) or ""
         if qual in ("torch.div", "torch.true_divide", "torch.divide"):
@@ -367,6 +393,15 @@ class Tracer:
         if head == "self" and text.count(".") == 1:
             return bool(self.model.module_defs(text))
         return False
+
+
+def _target_names(target: cst.BaseExpression) -> list[str]:
+    """The names a `for` target binds: `v`, `k, v`, `(i, (k, v))`."""
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [name for element in target.elements for name in _target_names(element.value)]
+    return []
 
 
 def _may_hold_k(node: cst.CSTNode) -> bool:

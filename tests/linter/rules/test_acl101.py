@@ -692,3 +692,58 @@ def test_unknown_loss_out_of_reach_of_every_prepare_is_not_flagged(acl101, at):
     assert acl101.findings(BESIDE_THE_ENGINE) == [
         ("ACL101", *at(BESIDE_THE_ENGINE, "compute_loss(model, batch).backward()"))
     ]
+
+
+SIDE_MODEL_PARAMETER = """
+from accelerate import Accelerator
+
+
+def train(model, side, dl, side_dl):
+    accelerator = Accelerator(gradient_accumulation_steps=2)
+    model, dl = accelerator.prepare(model, dl)
+    side_opt = torch.optim.SGD(side.parameters(), lr=0.1)
+    for feats, target in side_dl:
+        side_loss = mse(side(feats), target)
+        side_loss.backward()
+        side_opt.step()
+    for batch in dl:
+        with accelerator.accumulate(model):
+            loss = model(**batch).loss
+            loss.backward()
+"""
+
+
+def test_a_parameter_the_preparing_function_leaves_alone_is_not_prepared(acl101, at):
+    """`train` prepares what it trains through the engine; `side`, handed in and never given to
+    `prepare`, is a plain model even though no caller of `train` is visible."""
+    assert acl101.findings(SIDE_MODEL_PARAMETER) == [
+        ("ACL101", *at(SIDE_MODEL_PARAMETER, "loss.backward()", nth=1))
+    ]
+
+
+SCALED_ELSEWHERE = """
+import torch
+
+scaler = torch.amp.GradScaler("cuda")
+for i, (x, y) in enumerate(dl):
+    loss = crit(model(x), y) / 4
+    scaled = scaler.scale(loss)
+    scaled.backward()
+    (scaler.scale(loss) if use_amp else loss).backward()
+    if (i + 1) % 4 == 0:
+        scaler.step(opt)
+        scaler.update()
+"""
+
+
+def test_a_loss_scaled_through_a_name_or_in_one_arm_is_not_flagged(acl101):
+    assert acl101.findings(SCALED_ELSEWHERE) == []
+
+
+def test_the_fixed_loss_stays_scaled_after_another_rule_divides_it(acl101):
+    """ACL301's fix turns `scaled.backward()` into `scaled = scaled / 4` + backward: still the
+    scaled loss, so ACL101 must not wrap it in a second `scaler.scale`."""
+    source = SCALED_ELSEWHERE.replace(
+        "    scaled.backward()", "    scaled /= 4\n    scaled.backward()"
+    )
+    assert acl101.findings(source) == []

@@ -705,3 +705,36 @@ def test_autograd_backward_of_a_named_list_has_no_fix(acl301, at):
     assert diagnostic.fix is None
     assert any("holds several losses" in note for note in diagnostic.notes)
     assert acl301.fixed(source) == textwrap.dedent(source)
+
+
+DICT_OF_LOSSES = """
+for i, batch in enumerate(dl):
+    outputs = model(batch)
+    total = sum(v for k, v in outputs.items() if "loss" in k)
+    total.backward()
+    if (i + 1) % accum == 0:
+        opt.step(); opt.zero_grad()
+"""
+
+
+def test_loss_terms_summed_by_a_comprehension_are_traced(acl301, at):
+    assert acl301.findings(DICT_OF_LOSSES) == [("ACL301", *at(DICT_OF_LOSSES, "total.backward()"))]
+    divided = DICT_OF_LOSSES.replace("sum(v for k, v", "sum(v / accum for k, v")
+    assert acl301.findings(divided) == []
+
+
+AMP_ARM = """
+scaler = torch.amp.GradScaler("cuda")
+for i, (x, y) in enumerate(dl):
+    loss = crit(model(x), y)
+    (scaler.scale(loss) if use_amp else loss).backward()
+    if (i + 1) % 4 == 0:
+        scaler.step(opt); scaler.update()
+"""
+
+
+def test_a_parenthesised_receiver_is_divided_in_both_arms(acl301):
+    assert acl301.fixed(AMP_ARM) == textwrap.dedent(AMP_ARM).replace(
+        "    (scaler.scale(loss) if use_amp else loss).backward()",
+        "    ((scaler.scale(loss) if use_amp else loss) / 4).backward()",
+    )
