@@ -71,3 +71,20 @@ def output_tensors(output: Any) -> list:
 def records_graph(output: Any) -> bool:
     """Whether a module output carries an autograd graph (a frozen module's does not)."""
     return any(t.grad_fn is not None for t in output_tensors(output))
+
+
+def grad_norm(optimizer: Any) -> torch.Tensor | None:
+    """The total 2-norm of the optimizer's gradients as a device tensor (no host read), None when
+    there are none. Sparse gradients (`nn.Embedding(sparse=True)` with SparseAdam) count by
+    their stored values: torch's norm kernels do not take sparse tensors."""
+    groups = optimizer.param_groups if optimizer is not None else []
+    grads = [p.grad for g in groups for p in g["params"] if p.grad is not None]
+    if not grads:
+        return None
+    dense = [g.coalesce().values() if g.is_sparse else g for g in grads]
+    total_norm = getattr(torch.nn.utils, "get_total_norm", None)  # torch >= 2.6
+    if total_norm is not None:
+        return total_norm(dense, error_if_nonfinite=False)
+    device = dense[0].device
+    norms = [torch.linalg.vector_norm(g).float().to(device) for g in dense]
+    return torch.linalg.vector_norm(torch.stack(norms))

@@ -23,7 +23,7 @@ import torch
 
 from guard._report import user_frame
 from guard.checks import _sources
-from guard.checks._common import report
+from guard.checks._common import grad_norm, report
 
 CODES = ("ACL304",)
 
@@ -80,12 +80,8 @@ def _called_by_an_optimizer() -> bool:
 
 def _finite_grads(optimizer) -> bool:
     """Whether the gradients about to be zeroed are all finite (one host read)."""
-    groups = optimizer.param_groups if optimizer is not None else []
-    grads = [p.grad for g in groups for p in g["params"] if p.grad is not None]
-    if not grads:
-        return True
-    norm = torch.nn.utils.get_total_norm(grads, error_if_nonfinite=False)
-    return bool(torch.isfinite(norm))
+    norm = grad_norm(optimizer)
+    return norm is None or bool(torch.isfinite(norm))
 
 
 def _report(owner, st) -> None:

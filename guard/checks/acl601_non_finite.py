@@ -34,7 +34,7 @@ from collections import deque
 import torch
 
 from guard import _patch, _report
-from guard.checks._common import report
+from guard.checks._common import grad_norm, report
 
 CODES = ("ACL601",)
 OPTIONS = {"nonfinite_policy": "raise", "anomaly": 0}
@@ -152,7 +152,7 @@ def _before_step(optimizer, state, in_scaler_step, **_) -> None:
         return  # the scaler's inf check runs (or ACL102 reports the bypass)
     norm = state.extra.pop(_NORM, None)
     if norm is None:
-        norm = _grad_norm(optimizer)
+        norm = grad_norm(optimizer)
     if _all_scalars_finite(norm, losses):
         return
     what = _problem(norm, _all_finite(losses))
@@ -222,10 +222,3 @@ def _clear_gradients(optimizer) -> None:
     for group in optimizer.param_groups:
         for p in group["params"]:
             p.grad = None
-
-
-def _grad_norm(optimizer) -> torch.Tensor | None:
-    grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-    if not grads:
-        return None
-    return torch.nn.utils.get_total_norm(grads, error_if_nonfinite=False)
