@@ -9,6 +9,7 @@ RULE = Rule(
     severity="error",
     fix="unsafe",
     runtime="full",
+    guard_levels=("error", "warning"),
     static=False,
     docs="""\
 ## What it does
@@ -47,9 +48,13 @@ epoch (changing schedule progress and step-based logging), and the tail is still
 `enumerate` the loader.
 
 ## At runtime
-When the wrapped loader is exhausted or the engine exits, any trainable parameter still holding
-gradients from micro-steps that no step consumed gives ACL307. The engine itself always flushes
-the tail (divided by N, as Accelerate does) and prints its r/N weight once as a note on stderr
-(not a finding: `Engine(tail="exact")` weights it as a full batch).
+When a pass over a sized loader ends with micro-batches that no step consumed, the guard notes the
+tail and judges it by its fate: an error before the next step if that step takes more backward
+passes than the optimizer's usual window (the tail leaked into it), an error at a `zero_grad` that
+throws it away, a warning at exit if the run ends with it still in `.grad`. A window that still
+completes with the usual number of passes spanned the pass end on purpose (nanoGPT's `while` loop
+over `next(iter(loader))`, a counter kept across epochs) and is not reported. The engine itself
+always flushes the tail (divided by N, as Accelerate does) and prints its r/N weight once as a
+note on stderr (not a finding: `Engine(tail="exact")` weights it as a full batch).
 """,
 )

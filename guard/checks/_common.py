@@ -17,9 +17,12 @@ _dtype_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 LEFT_OUT_OF_ACCUMULATE = "ACL309_left_out"
 
 
-def report(code: str, message: str, level: _report.Level = "error") -> None:
-    """Report with a pointer to the shared catalogue text."""
-    _report.report(code, f"{message} (accel-lint --explain {code})", level)
+def report(
+    code: str, message: str, level: _report.Level = "error", location: str | None = None
+) -> None:
+    """Report with a pointer to the shared catalogue text (at the user's current line, unless
+    `location` names another)."""
+    _report.report(code, f"{message} (accel-lint --explain {code})", level, location)
 
 
 def trainable_dtypes(optimizer: Any) -> frozenset:

@@ -1,8 +1,18 @@
 """ACL307: a pass over a sized loader ends with micro-batches that no optimizer step consumed.
 
 The loop stepped during the pass (so it steps per window, not once per epoch), yet backward
-passes made since the last step are still in `.grad` when the loader is exhausted: the gate has
-no last-batch clause, and the tail either leaks into the next epoch's first window or is lost.
+passes made since the last step are still in `.grad` when the loader is exhausted. That alone is
+not the bug: a step-based loop (nanoGPT's `while` over `next(iter(loader))`, a global counter)
+finishes the window with the next pass on purpose. So the tail is noted at the pass end and
+judged by what happens to it:
+
+- the next step of that optimizer takes more backward passes than its usual window: the tail
+  leaked into the next epoch's first window (N + r micro-batches). An error, raised before that
+  step changes any parameter;
+- a `zero_grad` throws it away before any step (an epoch that starts with `zero_grad()`): an
+  error, at that call;
+- the run ends with it still in `.grad` (the last epoch's tail, lost): a warning at exit.
+A window that completes with the usual number of passes spanned the boundary on purpose.
 Accelerate's prepared loaders flush the tail themselves (their inner loader ends one batch
 early, while Accelerate's loader is still active), and iterable datasets may span windows across
 epochs on purpose; both are left alone.
@@ -12,17 +22,30 @@ from __future__ import annotations
 
 import sys
 import weakref
+from collections import Counter
+from dataclasses import dataclass
 
+from guard import _report
 from guard.checks import _sources
 from guard.checks._common import report
 
 CODES = ("ACL307",)
 
 
+@dataclass
+class _Tail:
+    """Micro-batches left in `.grad` when a pass ended, and where that pass was iterated."""
+
+    backwards: int  # the optimizer's contributing backward passes at the pass end
+    batches: object  # len(loader), or "?"
+    location: str | None
+
+
 def install(tracker) -> None:
-    _sources.ensure(tracker, "loader")
+    _sources.ensure(tracker, "loader", "finish")
     started: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # iterator -> (steps, id)
     counters = {"steps": 0, "backward_at_last_step": 0}
+    tails: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # OptState -> _Tail
 
     def after_step(**_) -> None:
         counters["steps"] += 1
@@ -39,12 +62,40 @@ def install(tracker) -> None:
             return  # every backward was followed by some optimizer step (GANs included)
         for st in list(tracker.optimizers.values()):
             if st.contrib_backwards and st.hit > backward_at_start and st.prepared_by is None:
-                _report(iterator, st)
+                total = len(iterator) if hasattr(iterator, "__len__") else "?"
+                tails[st] = _Tail(st.contrib_backwards, total, _report.user_location())
                 return
+
+    def before_step(state, **_) -> None:
+        tail = tails.pop(state, None)
+        usual = _usual_window(state)
+        if tail is not None and (usual is None or state.backwards > usual):
+            _report_tail(tail, usual, "leaks into this step's window")
+
+    def before_zero_grad(states, **_) -> None:
+        for st in states:
+            tail = tails.pop(st, None)
+            if tail is not None and st.contrib_backwards:
+                _report_tail(tail, _usual_window(st), "is thrown away by this zero_grad")
+
+    def at_finish(**_) -> None:
+        for st, tail in list(tails.items()):
+            if st.contrib_backwards:
+                _report_tail(tail, _usual_window(st), "is lost: the run ended", "warning")
+        tails.clear()
 
     tracker.subscribe("optimizer_step", after_step)
     tracker.subscribe("loader_start", first_batch)
     tracker.subscribe("loader_end", pass_ended)
+    tracker.subscribe("optimizer_step_pre", before_step)
+    tracker.subscribe("zero_grad", before_zero_grad)
+    tracker.subscribe("finish", at_finish)
+
+
+def _usual_window(st) -> int | None:
+    """The optimizer's most common number of backward passes per step so far."""
+    windows = [w for w in st.windows if w]
+    return Counter(windows).most_common(1)[0][0] if windows else None
 
 
 def _sized(iterator) -> bool:
@@ -63,14 +114,14 @@ def _accelerate_loader_active() -> bool:
     return shared.get("active_dataloader") is not None
 
 
-def _report(iterator, st) -> None:
-    windows = [w for w in st.windows if w] or [0]
-    n = max(set(windows), key=windows.count)
-    total = len(iterator) if hasattr(iterator, "__len__") else "?"
+def _report_tail(tail: _Tail, usual: int | None, fate: str, level="error") -> None:
+    steps_use = f" (steps use {usual})" if usual else ""
     report(
         "ACL307",
-        f"the loader is exhausted ({total} batches) with {st.contrib_backwards} micro-batch(es) "
-        f"of an unfinished window (steps use {n}) still in .grad: they never reach the optimizer "
-        "in this epoch, leak into the next epoch's first window, and are lost after the last "
-        "epoch; add a last-batch clause to the step gate (`or i + 1 == len(loader)`)",
+        f"the loader pass ended ({tail.batches} batches) with {tail.backwards} micro-batch(es) "
+        f"of an unfinished window{steps_use} still in .grad, and that tail {fate}: each epoch's "
+        "tail joins the next epoch's first window or is dropped, and the last one is lost; add "
+        "a last-batch clause to the step gate (`or i + 1 == len(loader)`)",
+        level,
+        tail.location,
     )

@@ -274,13 +274,75 @@ def test_acl305_epoch_scheduler_after_an_epoch_of_skipped_fp16_steps_is_silent(g
 # -- ACL307 ---------------------------------------------------------------------------------------
 
 
-def test_acl307_tail_raises_when_the_loader_ends(guard_on):
+def test_acl307_tail_raises_before_the_next_epochs_first_step_takes_it(guard_on):
+    """10 batches, N = 4: the 2-batch tail stays in .grad; the next epoch's first step would
+    apply 6 micro-batches. It is refused before it changes any parameter."""
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = make_loader(batches=10)
+    accumulate(model, opt, loader)
+    after_first_epoch = params_of(model)
     with pytest.raises(guard_on.GuardError) as info:
-        accumulate(model, opt, make_loader(batches=10))
+        accumulate(model, opt, loader)
     assert info.value.code == "ACL307"
-    assert "(10 batches) with 2 micro-batch(es)" in str(info.value)
+    assert "(10 batches) with 2 micro-batch(es) of an unfinished window (steps use 4)" in str(
+        info.value
+    )
+    assert "leaks into this step's window" in str(info.value)
+    assert HERE in info.value.location  # the loop over the loader
+    assert same(params_of(model), after_first_epoch)
+
+
+def test_acl307_the_last_epochs_tail_is_a_warning_at_exit(guard_on):
+    from guard._tracker import TRACKER
+
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    accumulate(model, opt, make_loader(batches=10))
+    assert codes(guard_on) == []  # the window may still go on: nothing to say yet
+    TRACKER.emit("finish")
+    [finding] = guard_on.findings()
+    assert (finding.code, finding.level) == ("ACL307", "warning")
+    assert "is lost: the run ended" in finding.message
+
+
+def _next_batch(state: dict, loader):
+    """nanoGPT's get_batch: a new pass starts as soon as the previous one is exhausted."""
+    try:
+        return next(state["it"])
+    except (KeyError, StopIteration):
+        state["it"] = iter(loader)
+        return next(state["it"])
+
+
+def test_acl307_must_not_flag_windows_that_span_passes_on_purpose(guard_on):
+    """Step-based loops finish the window with the next pass: nanoGPT's `while` with a batch
+    fetched ahead, and a global counter over a sized loader. Every step still takes N passes."""
+    from guard._tracker import TRACKER
+
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader, state = make_loader(batches=10), {}
+    batch = _next_batch(state, loader)
+    for _ in range(6):  # 24 micro-batches over 10-batch passes: windows cross each pass end
+        for _ in range(N):
+            loss = mse(model, batch) / N
+            batch = _next_batch(state, loader)  # prefetch before backward
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+    step = 0
+    for _ in range(3):
+        for batch in loader:
+            (mse(model, batch) / N).backward()
+            step += 1
+            if step % N == 0:
+                opt.step()
+                opt.zero_grad()
+    opt.step()  # 30 micro-batches made 7 windows of 4: the run steps the last 2 itself
+    opt.zero_grad()
+    TRACKER.emit("finish")
+    assert codes(guard_on) == []
 
 
 def test_acl307_a_tail_dropped_by_the_next_epochs_zero_grad_is_reported_once(guard_on):
