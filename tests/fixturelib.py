@@ -115,12 +115,20 @@ def _context():
 _GLOO_TEARDOWN_ABORT = "terminated with signal SIGABRT"
 
 
+# About 1 DDP fixture run in 10 hits that abort on this 2-core machine (measured: 3 in 25, and
+# still 2 in 25 with the DDP model deleted before `destroy_process_group()`), so one retry left a
+# CI run failing now and then; with three attempts a run fails about once in 1,000.
+_ATTEMPTS = 3
+
+
 def run_fixture(script: Path, with_guard: bool = False, timeout: float = 120) -> RunResult:
     """Run a fixture script in a fresh forked process; collect its parameters and guard findings.
 
-    Retried once, and only when a spawned worker aborted (see `_GLOO_TEARDOWN_ABORT`)."""
+    Retried, and only when a spawned worker aborted (see `_GLOO_TEARDOWN_ABORT`)."""
     result = _run_once(script, with_guard, timeout)
-    if not result.ok and _GLOO_TEARDOWN_ABORT in result.error:
+    for _ in range(_ATTEMPTS - 1):
+        if result.ok or _GLOO_TEARDOWN_ABORT not in result.error:
+            break
         result = _run_once(script, with_guard, timeout)
     return result
 
