@@ -11,6 +11,14 @@ from guard import _report
 
 _dtype_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
+
+def first_params(module: Any) -> list:
+    """The module's first parameter, as a list for `tracker.owners` (one parameter is enough to
+    find the optimizers of a model: all of its parameters belong to the same ones)."""
+    first = next(module.parameters(), None)
+    return [first] if first is not None else []
+
+
 # Set in an optimizer state's `extra` by ACL309 when it reported a DDP model left out of
 # accumulate() (it all-reduces on every micro-step); ACL401, which sees the same all-reduces at
 # the step, then stays silent for that window: one finding for one mistake.

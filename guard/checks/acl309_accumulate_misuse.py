@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from guard import _report
 from guard.checks import _sources
-from guard.checks._common import LEFT_OUT_OF_ACCUMULATE, report
+from guard.checks._common import LEFT_OUT_OF_ACCUMULATE, first_params, report
 
 CODES = ("ACL309",)
 
@@ -112,8 +112,7 @@ def _mark_left_out(tracker, flags) -> None:
     """The optimizers of the models that all-reduce off the sync step: ACL401 leaves their
     window to this finding."""
     for sync, _name, module in flags:
-        first = next(module.parameters(), None) if sync else None
-        for st in tracker.owners([first] if first is not None else []):
+        for st in tracker.owners(first_params(module)) if sync else []:
             st.extra[LEFT_OUT_OF_ACCUMULATE] = True
 
 

@@ -19,7 +19,7 @@ import weakref
 import torch
 
 from guard.checks import _sources
-from guard.checks._common import LEFT_OUT_OF_ACCUMULATE, report
+from guard.checks._common import LEFT_OUT_OF_ACCUMULATE, first_params, report
 
 CODES = ("ACL401", "ACL405")
 _SYNCED = "ACL401_synced_forwards"
@@ -36,7 +36,7 @@ def install(tracker) -> None:
     def forward(module, sync, **_) -> None:
         ddp_modules.add(module)
         if sync:
-            for st in tracker.owners(_first_params(module)):
+            for st in tracker.owners(first_params(module)):
                 if st.extra.get(_SYNCED_AT) != tracker.backward_id:  # once per micro-step:
                     st.extra[_SYNCED_AT] = tracker.backward_id  # two DDP models, one backward
                     st.extra[_SYNCED] = st.extra.get(_SYNCED, 0) + 1
@@ -50,11 +50,6 @@ def install(tracker) -> None:
     tracker.subscribe("ddp_created", created)
     tracker.subscribe("ddp_forward", forward)
     tracker.subscribe("optimizer_step_pre", before_step, when="ddp")
-
-
-def _first_params(module) -> list:
-    first = next(module.parameters(), None)
-    return [first] if first is not None else []
 
 
 def _world_size() -> int:

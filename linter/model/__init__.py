@@ -686,7 +686,7 @@ class Model:
         arm is a deliberate fp32 path), or through a name bound to one."""
         return self._scaled_value(node, scope, order, 0)
 
-    def names_a_scaled_loss(
+    def _names_a_scaled_loss(
         self, node: cst.CSTNode, scope: Scope, order: int, depth: int = 0
     ) -> bool:
         """A name last bound (before statement `order`) to a scaled loss, also after arithmetic:
@@ -698,7 +698,7 @@ class Model:
             return False
         d = defs[-1]
         if d.op != "=":  # `scaled /= K` keeps what `scaled` held
-            return self.names_a_scaled_loss(node, scope, d.stmt.order, depth + 1)
+            return self._names_a_scaled_loss(node, scope, d.stmt.order, depth + 1)
         return self._scaled_value(d.value, scope, d.stmt.order, depth + 1)
 
     def _scaled_value(self, value: cst.CSTNode, scope: Scope, order: int, depth: int) -> bool:
@@ -711,7 +711,7 @@ class Model:
         if isinstance(value, cst.IfExp):
             arms = (value.body, value.orelse)
             return any(self._scaled_value(arm, scope, order, depth) for arm in arms)
-        return dotted(value) is not None and self.names_a_scaled_loss(value, scope, order, depth)
+        return dotted(value) is not None and self._names_a_scaled_loss(value, scope, order, depth)
 
     def engine_k(self, engine_text: str | None = None) -> cst.BaseExpression | None:
         """The accumulation value given to an engine (the first configured one by default)."""
