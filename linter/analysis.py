@@ -58,12 +58,13 @@ def parse(source: str):
 def analyze_source(source: str, path: str, codes: Collection[str]) -> list[Diagnostic]:
     """Run every selected rule that has a static check on one module's source text."""
     load()
+    from linter.checks import check_for
     from linter.context import RuleContext
     from linter.model import Model
-    from rules import ALL_RULES, rule_module
+    from rules import ALL_RULES, module_name
 
     selected = [c for c in sorted(codes) if c in ALL_RULES and ALL_RULES[c].static]
-    checks = [(c, getattr(rule_module(c), "check", None)) for c in selected]
+    checks = [(c, check_for(module_name(c))) for c in selected]
     checks = [(c, check) for c, check in checks if check is not None]
     module = parse(source)
     if not checks:

@@ -11,7 +11,7 @@ from types import ModuleType
 
 from rules._base import Rule
 
-__all__ = ["ALL_RULES", "Rule", "rule_module", "get_rule"]
+__all__ = ["ALL_RULES", "Rule", "rule_module", "rule_module_by_name", "get_rule"]
 
 
 # Listed rather than found with pkgutil, which costs a directory scan on every start-up;
@@ -73,6 +73,16 @@ ALL_RULES: dict[str, Rule] = {code: m.RULE for code, m in _MODULES.items()}
 def rule_module(code: str) -> ModuleType:
     """The module that holds `code`'s metadata and (if any) its static `check`."""
     return _MODULES[code]
+
+
+def rule_module_by_name(name: str) -> ModuleType:
+    """The record module `rules.<name>` (`acl101_raw_backward`)."""
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+def module_name(code: str) -> str:
+    """`acl101_raw_backward` for `ACL101`: the shared name of the record and its check."""
+    return _MODULES[code].__name__.rsplit(".", 1)[1]
 
 
 def get_rule(code: str) -> Rule:

@@ -565,6 +565,15 @@ class Model:
         return None
 
     # questions rules ask ------------------------------------------------------------------
+    def memo(self, key: str, build):
+        """A fact built once per module on first use: `model.memo("precision", build)` where
+        `build(model)` makes it. Topic modules (`linter/model/<topic>.py`) keep their facts here,
+        so rules share them without growing this class."""
+        facts = self.__dict__.setdefault("_memo", {})
+        if key not in facts:
+            facts[key] = build(self)
+        return facts[key]
+
     def has_training_loop(self) -> bool:
         return bool(self.loops)
 

@@ -53,21 +53,14 @@ def at():
     return _at
 
 
-@pytest.fixture
-def acl101() -> Linter:
-    return Linter("ACL101")
+def _rule_fixture(code: str):
+    @pytest.fixture(name=code.lower())
+    def fixture() -> Linter:
+        return Linter(code)
+
+    return fixture
 
 
-@pytest.fixture
-def acl201() -> Linter:
-    return Linter("ACL201")
-
-
-@pytest.fixture
-def acl301() -> Linter:
-    return Linter("ACL301")
-
-
-@pytest.fixture
-def acl303() -> Linter:
-    return Linter("ACL303")
+# `acl101`, `acl102`, ...: a Linter for each static rule, as a test argument.
+for _code in sorted(__import__("rules").ALL_RULES):
+    globals()[f"_fixture_{_code.lower()}"] = _rule_fixture(_code)
