@@ -174,10 +174,9 @@ class SetupCollector:
     def _prepared(self, d: Def) -> None:
         if d.op != "=" or not isinstance(d.value, cst.Call):
             return
-        pair = method_call(d.value)
-        if pair is None or pair[1] not in ("prepare", "prepare_model"):
+        if not is_prepare_call(d.value):
             return
-        engine = dotted(pair[0]) or ""
+        engine = dotted(method_call(d.value)[0]) or ""
         if engine not in self.setup.engines and "accelerat" not in engine:
             return
         args = positional(d.value)
@@ -191,6 +190,12 @@ class SetupCollector:
             for table in (self.setup.optimizers, self.setup.schedulers, self.setup.ddp_models):
                 if original in table:
                     table.setdefault(d.target, table[original])
+
+
+def is_prepare_call(value: cst.CSTNode) -> bool:
+    """`accelerator.prepare(...)` / `prepare_model(...)`: the one definition of a prepare call."""
+    pair = method_call(value)
+    return pair is not None and pair[1] in ("prepare", "prepare_model")
 
 
 def _is_true(node: cst.CSTNode | None) -> bool:

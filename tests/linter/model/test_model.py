@@ -308,3 +308,23 @@ def test_syntax_error_is_a_parse_failure():
 def test_file_without_training_loop_has_no_loops():
     source = "import torch\n\ndef f(loss):\n    loss.backward()\n"
     assert describe_loops(source, "f.py") == {"file": "f.py", "loops": []}
+
+
+def test_argument_sites_of_a_methods_self_is_empty_not_a_crash():
+    """A method's `self` is never passed as an argument; asking for it crashed the model
+    (`ValueError: 'self' is not in list`, found on a public GPT trainer whose loop calls
+    `self.get_batch(...)`)."""
+    model = build(
+        """
+        class Trainer:
+            def get_batch(self, batch_size, split="train"):
+                return self.data.get_batch(batch_size, split)
+
+            def start(self):
+                for step in range(10):
+                    x = self.get_batch(8)
+        """
+    )
+    (method,) = [s for s in model.scopes if s.name == "get_batch"]
+    assert model.argument_sites(method, "self") == []
+    assert [code(e) for e, _ in model.argument_sites(method, "batch_size")] == ["8"]

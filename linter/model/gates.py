@@ -1,0 +1,169 @@
+"""Update-step questions: which gate a statement sits under, and whether it runs only when the
+optimizer steps — in the loop itself, through a function the loop calls to step, or in the loop
+that calls a per-batch function."""
+
+from __future__ import annotations
+
+import re
+from functools import partial
+
+import libcst as cst
+
+from linter.model.callgraph import CallGraph
+from linter.model.cst_util import code, dotted, last_part, strip_parens
+from linter.model.functions import Scope, Stmt
+from linter.model.loops import (
+    STEP_KINDS,
+    Gate,
+    Region,
+    Site,
+    TrainingLoop,
+    caller_gate,
+    inline_gate,
+    same_path,
+    step_gate,
+    update_gate,
+)
+from linter.model.roles import Roles
+
+K_NAME = re.compile(r"grad(ient)?_?acc|accum", re.I)  # the Conventions' accumulation value
+
+
+def regions_around(regions: list[Region], stmt: Stmt, kind: str) -> list[Region]:
+    """The regions of `kind` whose `with` block holds the statement, outermost first."""
+    frames = {id(f.node) for f in stmt.frames if f.kind == "with"}
+    return [r for r in regions if r.kind == kind and id(r.with_node) in frames]
+
+
+class Gates:
+    def __init__(
+        self, graph: CallGraph, sites: dict[int, list[Site]], regions: list[Region], roles: Roles
+    ) -> None:
+        self.graph = graph
+        self.sites = sites
+        self.regions = regions
+        self.roles = roles
+
+    def assign(self, loop: TrainingLoop) -> None:
+        """Complete a loop's gate from what lies outside its own body: an `accumulate()` region,
+        a stepping helper the loop calls under a condition, or the loop that calls it."""
+        if loop.gate is None:
+            loop.gate = self._accumulate_gate(loop)
+        if loop.gate is None and not loop.steps:
+            loop.gate = self._helper_step_gate(loop)
+        if loop.gate is None and not loop.steps and isinstance(loop.node, cst.FunctionDef):
+            loop.gate = self._caller_gate(loop.scope)
+
+    def gate_for(self, loop: TrainingLoop, stmt: Stmt) -> Gate | None:
+        """The step gate on the paths through `stmt`.
+
+        A loop may step every batch in one branch and every K batches in another (Swin's
+        `if ACCUMULATION_STEPS > 1:` ... `else:`); only the steps that can run in the same
+        iteration as `stmt` say whether it is in a manual accumulation window.
+        """
+        gate = loop.gate
+        if gate is None or gate.kind not in ("modulo", "counter"):
+            return gate
+        steps = [s for s in loop.steps if same_path(s.stmt, stmt)]
+        gates = [g for s in steps if (g := step_gate(loop, s)) is not None]
+        if steps and not gates:
+            return None
+        return gates[0] if gates else gate
+
+    def on_update_step(
+        self, loop: TrainingLoop, stmt: Stmt, node: cst.CSTNode | None = None
+    ) -> bool:
+        """Whether the statement (or the expression `node` in it) runs only when the optimizer
+        steps."""
+        frames = loop.frames_of(stmt)
+        accept = partial(self._counts_windows, loop)
+        gates = [update_gate(f, loop.counters, loop.flags, accept) for f in frames]
+        if node is not None:
+            gates.append(inline_gate(stmt, node, loop.counters, loop.flags, accept))
+        if any(g is not None for g in gates):
+            return True
+        gate = loop.gate
+        if gate is not None and gate.kind == "micro-loop":
+            return not any(f.node is gate.node for f in frames)  # once per outer iteration
+        return bool(self._step_only_branches(loop, stmt) & branches(frames))
+
+    def step_helper_sites(self, loop: TrainingLoop, *kinds: str) -> list[tuple[Stmt, Site]]:
+        """(the call in the loop, a site of `kinds` in the called function) for the module
+        functions the loop steps through: `p.grad /= K` inside `def step():` divides too."""
+        return [
+            (call.stmt, site)
+            for call in self._step_helper_calls(loop)
+            for site in self.sites[id(self.graph.local_function(call.call.func, call.stmt.scope))]
+            if site.kind in kinds
+        ]
+
+    def _step_helper_calls(self, loop: TrainingLoop):
+        """Calls, in the loop's own body, of module functions that step an optimizer."""
+        for callee in self.graph.scopes:
+            if not any(s.kind in STEP_KINDS for s in self.sites[id(callee)]):
+                continue
+            for call in self.graph.callers(callee):
+                in_loop = any(f.node is loop.node for f in call.stmt.frames)
+                if call.stmt.scope is loop.scope and in_loop:
+                    yield call
+
+    def _helper_step_gate(self, loop: TrainingLoop) -> Gate | None:
+        """The gate of a call, in the loop, of a module function that steps the optimizer
+        (`if not (i + 1) % K: step()` with `def step(): scaler.step(opt); ...`)."""
+        for call in self._step_helper_calls(loop):
+            for frame in reversed(loop.frames_of(call.stmt)):
+                gate = update_gate(frame, loop.counters, loop.flags)
+                if gate is not None:
+                    return gate
+        return None
+
+    def _caller_gate(self, scope: Scope) -> Gate | None:
+        """The step gate of the loop that calls this per-batch function, when that loop steps
+        the optimizer itself or through another of the module's functions."""
+        steps = [s.stmt for sites in self.sites.values() for s in sites if s.kind in STEP_KINDS]
+        for callee in self.graph.scopes:
+            if any(s.kind in STEP_KINDS for s in self.sites[id(callee)]):
+                steps.extend(call.stmt for call in self.graph.callers(callee))
+        for call in self.graph.callers(scope):
+            gate = caller_gate(call.stmt, steps)
+            if gate is not None:
+                return gate
+        return None
+
+    def _accumulate_gate(self, loop: TrainingLoop) -> Gate | None:
+        """`with accelerator.accumulate(model):` gates the prepared optimizer's step."""
+        for site in loop.sites:
+            for region in regions_around(self.regions, site.stmt, "accumulate"):
+                return Gate("accumulate", self.roles.engine_k(region.receiver), region.with_node)
+        return None
+
+    def _counts_windows(self, loop: TrainingLoop, kind: str, k: cst.BaseExpression | None) -> bool:
+        """A modulo condition marks update steps only when its modulus is the accumulation value:
+        `if step % args.logging_steps == 0:` beside a window of `args.grad_accum` is a logging
+        cadence. A modulus is accepted when no K is known, when it names K as the step gate or
+        the engine does (`self.update_freq` and `args.update_freq` alike), or when its name says
+        it is an accumulation value."""
+        if kind != "modulo" or k is None:
+            return True
+        gate_k = loop.gate.k if loop.gate else None
+        known = [e for e in (gate_k, self.roles.engine_k()) if e is not None]
+        if not known or K_NAME.search(short_name(k)):
+            return True
+        return short_name(k) in {short_name(e) for e in known}
+
+    def _step_only_branches(self, loop: TrainingLoop, stmt: Stmt) -> set[tuple[int, bool]]:
+        """`if` branches that hold a step of this path but no backward: the update branch."""
+        steps = {b for s in loop.steps if same_path(s.stmt, stmt) for b in branches(s.stmt.frames)}
+        backwards = {b for s in loop.backwards for b in branches(s.stmt.frames)}
+        return steps - backwards
+
+
+def short_name(node: cst.BaseExpression) -> str:
+    """`update_freq` for `self.update_freq`; the code of anything that is not a dotted name."""
+    text = dotted(node)
+    return last_part(text) if text else code(strip_parens(node))
+
+
+def branches(frames) -> set[tuple[int, bool]]:
+    """The `if` branches (node, which arm) a statement sits in."""
+    return {(id(f.node), f.holds) for f in frames if f.kind == "if"}
