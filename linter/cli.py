@@ -173,7 +173,9 @@ def _check(paths, resolver, mode, output_format, statistics, no_cache) -> int:
             typer.echo(f"Would fix {_errors(report.fixed)}.", err=True)
         return 2 if report.errors else (1 if report.diffs else 0)
     diagnostics = report.diagnostics
-    context = output.Context(project.unsafe_fixes, _colour(sys.stdout))
+    context = output.Context(
+        project.unsafe_fixes, _colour(sys.stdout), unchecked=len(report.errors)
+    )
     sys.stdout.write(_render(diagnostics, context, output_format, statistics))
     if report.fixed:
         typer.echo(f"Fixed {_errors(report.fixed)}.", err=True)

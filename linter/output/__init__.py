@@ -19,6 +19,7 @@ _MODULES = {"json": "json_format"}
 class Context:
     unsafe_fixes: bool = False  # whether unsafe fixes count as available
     colour: bool = False
+    unchecked: int = 0  # files the run could not check (internal errors): never "all passed"
 
 
 def fixable(diagnostic: Diagnostic, context: Context) -> bool:
@@ -39,10 +40,13 @@ def column(position) -> int:
 
 def summary(diagnostics: list[Diagnostic], context: Context) -> str:
     """The closing lines of the text formats, worded like ruff's."""
-    if not diagnostics:
+    if not diagnostics and not context.unchecked:
         return "All checks passed!"
     total = len(diagnostics)
     lines = [f"Found {total} error{'s' if total != 1 else ''}."]
+    if context.unchecked:
+        files = f"{context.unchecked} file{'s' if context.unchecked != 1 else ''}"
+        lines.append(f"{files} could not be checked (see the errors above).")
     available = sum(fixable(d, context) for d in diagnostics)
     hidden = sum(
         d.fix is not None and d.fix.applicability == "unsafe" and not context.unsafe_fixes

@@ -107,7 +107,8 @@ def segments_for(diagnostics: list[Diagnostic], context: Context) -> list[Segmen
             width = len(str(_window(diagnostic, lines)[1]))
         segments += footer(diagnostic, width, text if lines else None)
         segments.append(("\n", ""))
-    segments.append((summary(diagnostics, context) + "\n", "bold" if diagnostics else "green"))
+    style = "bold" if diagnostics or context.unchecked else "green"
+    segments.append((summary(diagnostics, context) + "\n", style))
     return segments
 
 

@@ -169,6 +169,9 @@ def test_internal_error_names_the_file_and_exits_two(project, monkeypatch, invok
     result = invoke()
     assert result.exit_code == 2
     assert "error: a.py: internal error: RuntimeError: rule bug" in result.stderr
+    # a run that could not check a file never says everything passed
+    assert "All checks passed" not in result.output
+    assert "1 file could not be checked" in result.stdout
 
 
 def test_invalid_config_exits_two(project, fake_rules, invoke):
