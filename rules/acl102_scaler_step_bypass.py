@@ -9,11 +9,16 @@ RULE = Rule(
     severity="error",
     fix="safe",
     runtime="full",
-    static=False,
+    static=True,
     docs="""\
 ## What it does
-Flags a loop in which `scaler.scale(...)` feeds a backward and an optimizer's `.step()` is called
-directly, with no `scaler.step(<that optimizer>)` in the loop.
+Flags `opt.step()` fed by a backward of `scaler.scale(loss)` (directly, through a name bound to
+it, or in `torch.autograd.backward`) in a loop, in a per-batch method of a trainer class, or in a
+scaler wrapper function (`__call__` of a timm-style class), when nothing in that loop steps that
+optimizer through the scaler (`scaler.step(opt)`, itself or in a function of the module it
+calls). Not flagged: prepared optimizers (Accelerate, the guard engine), scalers built with a
+literal `enabled=False`, an optimizer whose last backward before the step is unscaled, or one
+built from other models than the scaled loss comes from (a second, fp32 model).
 
 ## Why is this bad?
 After `scaler.scale(loss).backward()` every `.grad` holds S times the true gradient. A plain
@@ -37,7 +42,9 @@ opt.zero_grad()
 
 ## Fix safety
 Safe. `opt.step()` becomes `scaler.step(opt)`, and if the loop has no `scaler.update()`, one is
-inserted after the iteration's last `scaler.step(...)`. This is exactly the step the scaler
+inserted after the iteration's last `scaler.step(...)` (the same place ACL103 would put it, so
+both fixes together add one update). No fix for `opt.step(closure)`: the scaler does not support
+closures. This is exactly the step the scaler
 protocol requires. Prepared optimizers are never flagged: they call the scaler themselves.
 
 ## At runtime

@@ -9,11 +9,16 @@ RULE = Rule(
     severity="error",
     fix="safe",
     runtime="full",
-    static=False,
+    static=True,
     docs="""\
 ## What it does
-Flags a loop that calls `scaler.step(...)` on some path without calling `update()` on the same
-scaler on every path that steps.
+Flags `scaler.step(...)` in a loop (or a per-batch method called from one) when no `update()` of
+the same scaler follows it in every iteration that steps: none at all, one only in a logging
+branch, or one after the loop. One finding per path, on its last `scaler.step`. An update in a
+function of the module that the loop calls unconditionally counts. In a scaler wrapper function
+no loop owns (a timm-style `__call__`), it is flagged only when nothing in the module updates that
+scaler. Not flagged: one `update()` after several `scaler.step(opt_i)` calls, steps of prepared
+optimizers, scalers built with a literal `enabled=False`.
 
 ## Why is this bad?
 `scaler.update()` adapts the loss scale and puts each optimizer back into the `READY` stage.
@@ -41,8 +46,11 @@ for x, y in dl:
 
 ## Fix safety
 Safe. `scaler.update()` is inserted right after the last `scaler.step(...)` of each path that
-lacks it, which is the only order the scaler accepts. One `update()` after several
-`scaler.step(opt_i)` calls is the multi-optimizer pattern and is not flagged.
+lacks it, which is the only order the scaler accepts. An update that ran on some iterations only
+(a logging branch, or once after the loop) is removed by the same fix, since a second update with
+no step in between raises; when removing it would leave an empty block, there is no fix. One
+`update()` after several `scaler.step(opt_i)` calls is the multi-optimizer pattern and is not
+flagged.
 
 ## At runtime
 The guard wraps `scaler.step`: an optimizer already in the `STEPPED` stage raises ACL103 naming

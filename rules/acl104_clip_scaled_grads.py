@@ -9,13 +9,18 @@ RULE = Rule(
     severity="error",
     fix="safe",
     runtime="full",
-    static=False,
+    static=True,
     docs="""\
 ## What it does
-Flags `torch.nn.utils.clip_grad_norm_` / `clip_grad_value_` reached after
-`scaler.scale(...).backward()` with no `scaler.unscale_(...)` on the way. In a module with an
-Accelerator or guard engine it flags torch's clip functions when the precision is fp16 or unknown,
-or when an FSDP plugin is configured.
+Flags `torch.nn.utils.clip_grad_norm_` / `clip_grad_value_` (under any import spelling) reached
+after `scaler.scale(...).backward()` on its path with no `scaler.unscale_(...)`,
+`accelerator.unscale_gradients()` or `scaler.step(...)` between them that runs whenever both do
+(an unscale only in a logging branch does not count), in loops, per-batch methods and scaler
+wrapper functions (a timm-style `__call__`). After an Accelerator's or guard engine's `backward`
+it flags torch's clip functions when the engine's precision is fp16 or not statically known, or
+when the file configures an FSDP plugin; not after `mixed_precision="no"` / `"bf16"` without FSDP
+(the guard engine's default is `"no"`), and not after the engine's own `clip_grad_norm_` or
+`unscale_gradients()`.
 
 ## Why is this bad?
 Between `scale()` and `unscale_()` gradients are S times too large, so clipping compares S times
@@ -46,7 +51,10 @@ optimizer of the next `scaler.step`; `scaler.step` then does not unscale again. 
 the engine, `torch.nn.utils.clip_grad_norm_(params, ...)` becomes
 `accelerator.clip_grad_norm_(params, ...)`, which takes the same arguments and returns the same
 value; `clip_grad_value_` keeps the torch call and gets `accelerator.unscale_gradients()` before
-it. When ACL303 also fires, the unscale goes inside the sync gate that ACL303 adds.
+it. When ACL303 also fires, the unscale goes inside the sync gate that ACL303 adds. No fix when no
+`scaler.step` follows the clip (which optimizer to unscale is unknown), when the torch call uses
+arguments the engine's `clip_grad_norm_` does not take (`error_if_nonfinite=`, `foreach=`), or for
+a second flagged clip of the same path until the first one is fixed (a second unscale raises).
 
 ## At runtime
 While training, the guard patches torch's clip functions. If the scaler is enabled and the

@@ -1,0 +1,40 @@
+"""ACL103: `scaler.step(...)` with no `scaler.update()` on every path that steps."""
+
+from __future__ import annotations
+
+from linter.checks._scaler_edits import delete, insert_after
+from linter.context import make_fix
+from linter.model import scaler_protocol as protocol
+
+
+def check(ctx) -> None:
+    """Report, once per path, scaler steps that no update follows in every stepping iteration."""
+    model = ctx.model
+    for body in protocol.bodies(model):
+        for missing in protocol.missing_updates(model, body):
+            _report(ctx, missing)
+
+
+def _report(ctx, missing: protocol.MissingUpdate) -> None:
+    scaler = missing.scaler
+    site = missing.steps[-1]
+    edits = [insert_after(ctx, missing.anchor, f"{scaler}.update()")]
+    edits += [delete(ctx, update) for update in missing.partial]
+    message = f"Call `{scaler}.update()` after the step"
+    if missing.partial:
+        message += " on every iteration (instead of in the branch)"
+    fix = make_fix(message, *edits)
+    where = "on some iterations only" if missing.partial else "never"
+    consequence = (
+        "the next iteration's step raises `RuntimeError` (the optimizer stays `STEPPED`) and the "
+        "loss scale never adapts"
+        if missing.body.loop is not None
+        else "a second call raises `RuntimeError` (the optimizer stays `STEPPED`) and the loss "
+        "scale never adapts"
+    )
+    ctx.report(
+        site.call,
+        f"`{scaler}.step(...)` is followed by `{scaler}.update()` {where}: {consequence} "
+        f"(call `{scaler}.update()` once after the iteration's last `{scaler}.step`)",
+        fix,
+    )
