@@ -9,12 +9,17 @@ RULE = Rule(
     severity="error",
     fix="unsafe",
     runtime="full",
-    static=False,
+    static=True,
     guard_levels=("error", "warning"),
     docs="""\
 ## What it does
-Flags an enabled `GradScaler(...)` in a module that trains in bf16 (a bf16 autocast,
-`Accelerator(mixed_precision="bf16")` or a bf16 engine config) and has no fp16 path.
+Flags a `GradScaler(...)` that is on whenever the run is bf16 (built without `enabled=`, with
+`enabled=True`, or switched by the same expression as a bf16 autocast region) in a module whose
+only low precision is bf16: a bf16 autocast region (`dtype=torch.bfloat16`, or `"cpu"` with no
+dtype) or an Accelerator / guard engine with `mixed_precision="bf16"`, and no fp16 path anywhere
+(no autocast that may be fp16, no fp16 or unknown-precision engine, no `torch.float16`,
+`.half()`, `args.fp16` or `"fp16"` choice). A scaler whose `enabled=` follows the fp16 choice, or
+is switched by something else (`torch.cuda.is_available()`), is left alone.
 
 ## Why is this bad?
 bf16 has the exponent range of fp32: its gradients do not underflow, so loss scaling gains

@@ -9,13 +9,17 @@ RULE = Rule(
     severity="error",
     fix="none",
     runtime="full",
-    static=False,
+    static=True,
     guard_levels=("error", "warning"),
     docs="""\
 ## What it does
-Flags `torch.autocast` / `torch.amp.autocast` on device `"cuda"` with `dtype` omitted or float16
-around a forward whose loss is backpropagated in the same function, in a module with no enabled
-`GradScaler` and no fp16 Accelerator or engine doing the backward.
+Flags an enabled `torch.autocast` / `torch.amp.autocast` / `torch.cuda.amp.autocast` region whose
+dtype is float16 (written, or omitted on a device other than a literal `"cpu"`), when a statement
+of the region feeds a backward in the same function through a model that trains (not one frozen
+with `requires_grad_(False)`), the region is not under `no_grad` / `inference_mode`, and nothing
+scales the loss: no GradScaler in the module, none handed to the function, and no Accelerator or
+guard engine other than one pinned to `mixed_precision="no"` (an fp16 engine scales itself; a raw
+backward beside it is ACL101, a region of another dtype is ACL204).
 
 ## Why is this bad?
 Gradients flowing back through fp16 activations are computed in fp16, whose smallest subnormal is

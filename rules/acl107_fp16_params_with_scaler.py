@@ -9,13 +9,17 @@ RULE = Rule(
     severity="error",
     fix="none",
     runtime="full",
-    static=False,
+    static=True,
     guard_levels=("error", "warning"),
     docs="""\
 ## What it does
-Flags `.half()`, `.to(torch.float16)`, `.to(dtype=torch.float16)` or `torch_dtype=torch.float16` on
-a model whose parameters reach an optimizer, in a module with an enabled GradScaler or fp16 engine
-precision; with K > 1, the bf16 equivalents too.
+Flags `.half()`, `.to(torch.float16)`, `.to(dtype=torch.float16)` or `torch_dtype=torch.float16`
+on a model whose parameters reach an optimizer built in the same function (or `self.X` in the
+same class), in a module with a GradScaler that may be enabled or an fp16 Accelerator / guard
+engine; and fp16 or bf16 casts (`.bfloat16()`, `torch_dtype=torch.bfloat16`, ...) of such a
+model when gradients accumulate (an accumulation value other than the literal 1). Models frozen
+with `requires_grad_(False)` or a loop that turns `requires_grad` off, adapter wrappers
+(`get_peft_model`), `torch_dtype="auto"` and dtypes taken from a variable are left alone.
 
 ## Why is this bad?
 fp16 parameters get fp16 gradients, and `GradScaler.unscale_` rejects them

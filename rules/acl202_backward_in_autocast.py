@@ -9,13 +9,16 @@ RULE = Rule(
     severity="error",
     fix="safe-when-trailing",
     runtime="full",
-    static=False,
+    static=True,
     guard_levels=("error", "warning"),
     docs="""\
 ## What it does
 Flags `.backward(...)`, `torch.autograd.backward(...)`, `accelerator.backward(...)` or
-`engine.backward(...)` written inside an enabled autocast region (`torch.autocast`,
-`torch.amp.autocast`, `torch.cuda.amp.autocast`, `accelerator.autocast()`).
+`engine.backward(...)` written inside an autocast region (`torch.autocast`, `torch.amp.autocast`,
+`torch.cuda.amp.autocast`, `accelerator.autocast()`, also through `with ctx:` when `ctx` is bound
+to one) whose nearest region is enabled: an `enabled=False` island around the backward, or
+`accelerator.autocast()` of an engine pinned to `"no"`, runs it in fp32. A backward in a function
+merely called from the region is left to the runtime check.
 
 ## Why is this bad?
 Autocast is meant for the forward pass. In eager mode backward ops follow the dtypes recorded in

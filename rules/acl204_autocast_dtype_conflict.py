@@ -9,13 +9,16 @@ RULE = Rule(
     severity="error",
     fix="none",
     runtime="full",
-    static=False,
+    static=True,
     guard_levels=("warning",),
     docs="""\
 ## What it does
-Flags a user autocast whose dtype (explicit, or the device default: fp16 on CUDA, bf16 on CPU)
-differs from the statically known precision of the Accelerator or engine in the same module, and
-`accelerator.autocast()` in a module whose constructor pins `mixed_precision="no"`.
+Flags an enabled user autocast whose dtype (written, or the device default: fp16 on CUDA, bf16 on
+CPU) is fp16 while every Accelerator / guard engine of the module is statically set to bf16, or
+the reverse; and `accelerator.autocast()` in a module whose engines are pinned to
+`mixed_precision="no"` (a guard engine built without a precision is `"no"`). A dtype or device
+taken from a variable, a precision read from a config file or the CLI, and a region around the
+prepared model itself (ACL201, whose fix adopts the engine's dtype) are left alone.
 
 ## Why is this bad?
 With an engine in bf16, a bare `torch.autocast("cuda")` runs its region in fp16 with no scaler, so

@@ -1,0 +1,174 @@
+"""ACL105: a GradScaler in a module that trains in bf16 and has no fp16 path."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from linter.context import RuleContext, make_fix
+from linter.model.cst_util import children, dotted, method_call, positional
+from linter.model.precision import bf16_sources, has_fp16_path, scalers_on_under_bf16
+from linter.types import Edit, Position
+
+_ATOMS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript)
+
+
+def check(ctx: RuleContext) -> None:
+    """Report scalers that are on whenever the run is bf16, when the module's only low
+    precision is bf16: a bf16 autocast or a bf16 engine, and nothing that runs fp16."""
+    model = ctx.model
+    scalers = scalers_on_under_bf16(model)
+    if not scalers:
+        return
+    sources = bf16_sources(model)
+    if not sources or has_fp16_path(model):
+        return
+    for scaler in scalers:
+        fix = make_fix(
+            f"Remove `{scaler.name}` and call the optimizer directly",
+            *_removal(ctx, scaler),
+            applicability="unsafe",
+        )
+        how = (
+            ""
+            if fix is not None
+            else ("; it is used in other ways too (state_dict, arguments), so remove it by hand")
+        )
+        ctx.report(
+            scaler.node,
+            f"GradScaler `{scaler.name}` in a bf16 run ({sources[0]}): bf16 has fp32's range, so "
+            "loss scaling gains nothing, adds a host sync per step and may skip steps that hold a "
+            f"real inf (drop the scaler: `loss.backward()`, `opt.step()`{how})",
+            fix,
+        )
+
+
+# the fix: delete the construction, rewrite its uses ---------------------------------------------
+def _removal(ctx: RuleContext, scaler) -> list[Edit | None]:
+    """The edits that take the scaler out, or `[None]` when one of its uses is not one of the
+    four the fix knows (`scale(loss).backward()`, `step(opt)`, `update()`, `unscale_(opt)`) or
+    a block would be left empty."""
+    name = scaler.name
+    edits: list[Edit | None] = []
+    deleted = []
+    handled = 0
+    for scope in ctx.model.scopes:
+        for stmt in scope.stmts:
+            count = _occurrences(stmt.node, name)
+            if not count:
+                continue
+            action = _rewrite(ctx, stmt, name, scaler.node)
+            if action is None or count != 1:
+                return [None]
+            handled += 1
+            if action == "delete":
+                deleted.append(stmt)
+            else:
+                edits.append(action)
+    if handled != _occurrences(ctx.model.module, name):
+        return [None]  # a parameter, an `if scaler:` test, a keyword of that name ...
+    edits.extend(_deletions(ctx, deleted))
+    return edits
+
+
+def _rewrite(ctx: RuleContext, stmt, name: str, construction) -> Edit | str | None:
+    node = stmt.node
+    if isinstance(node, cst.Assign):
+        targets = [dotted(t.target) for t in node.targets]
+        return "delete" if targets == [name] and node.value is construction else None
+    if not isinstance(node, cst.Expr) or not isinstance(node.value, cst.Call):
+        return None
+    call = node.value
+    pair = method_call(call)
+    if pair is None:
+        return None
+    receiver, method = pair
+    if dotted(receiver) == name:
+        args = positional(call)
+        if method == "update" and not call.args:
+            return "delete"
+        if method == "unscale_" and len(call.args) == 1 and len(args) == 1:
+            return "delete"
+        if method == "step" and len(call.args) == 1 and len(args) == 1:
+            return ctx.replace(call, f"{_operand(ctx, args[0])}.step()")
+        return None
+    inner = method_call(receiver)
+    if method == "backward" and inner is not None and dotted(inner[0]) == name:
+        args = positional(receiver)
+        if inner[1] == "scale" and len(receiver.args) == 1 and len(args) == 1:
+            return ctx.replace(receiver, _operand(ctx, args[0]))
+    return None
+
+
+def _operand(ctx: RuleContext, node: cst.BaseExpression) -> str:
+    """The text of an expression that becomes a method's receiver (parenthesised if needed)."""
+    text = ctx.text(node)
+    return text if isinstance(node, _ATOMS) or node.lpar else f"({text})"
+
+
+def _occurrences(root: cst.CSTNode, name: str) -> int:
+    """How often the scaler's name is read or bound in `root` (whole dotted names only)."""
+    count = 0
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        text = dotted(node)
+        if text is not None:
+            count += text == name or text.startswith(name + ".")
+            continue
+        stack.extend(children(node))
+    return count
+
+
+def _deletions(ctx: RuleContext, stmts) -> list[Edit | None]:
+    """Remove whole small statements: their line when nothing else is on it, else the statement
+    and its `;`. A block left with no statement cannot be fixed this way."""
+    by_line: dict[int, list] = {}
+    for stmt in stmts:
+        by_line.setdefault(id(stmt.line), []).append(stmt)
+    emptied: dict[int, int] = {}
+    edits: list[Edit | None] = []
+    for group in by_line.values():
+        line = group[0].line
+        if len(group) == len(line.body):
+            block = _block_of(ctx, line)
+            if block is None:
+                return [None]
+            emptied[id(block)] = emptied.get(id(block), 0) + 1
+            if emptied[id(block)] >= len(block):
+                return [None]
+            first, last = ctx.span(line)[0].line, ctx.span(line)[1].line
+            edits.append(Edit(Position(first, 0), Position(last + 1, 0), ""))
+        else:
+            edits.extend(_delete_small(ctx, line, stmt.index) for stmt in group)
+    return edits
+
+
+def _delete_small(ctx: RuleContext, line, index: int) -> Edit:
+    smalls = line.body
+    if index > 0:
+        start = ctx.span(smalls[index - 1])[1]
+        return Edit(start, ctx.span(smalls[index])[1], "")
+    return Edit(ctx.span(smalls[0])[0], ctx.span(smalls[1])[0], "")
+
+
+def _block_of(ctx: RuleContext, line) -> list | None:
+    """The statements of the block that holds a statement line."""
+    blocks = ctx.model.memo("acl105.blocks", _blocks)
+    return blocks.get(id(line))
+
+
+def _blocks(model) -> dict[int, list]:
+    found: dict[int, list] = {}
+    stack: list[cst.CSTNode] = [model.module]
+    while stack:
+        node = stack.pop()
+        body = getattr(node, "body", None)
+        if isinstance(node, (cst.Module, cst.IndentedBlock)):
+            for statement in body:
+                found[id(statement)] = list(body)
+        for child in children(node):
+            if isinstance(child, (cst.BaseCompoundStatement, cst.BaseSuite, cst.Else)):
+                stack.append(child)
+            elif isinstance(child, (cst.ExceptHandler, cst.Finally, cst.MatchCase)):
+                stack.append(child)
+    return found

@@ -1,0 +1,60 @@
+"""ACL107: trainable parameters stored in fp16 under a GradScaler or an fp16 engine, or in a low
+precision while gradients accumulate."""
+
+from __future__ import annotations
+
+from linter.context import RuleContext
+from linter.model.precision import (
+    FP16,
+    ParamCast,
+    accumulates,
+    engine_precision_of,
+    engines,
+    live_scalers,
+    param_casts,
+)
+
+
+def check(ctx: RuleContext) -> None:
+    """Report casts of trained models (parameters reaching an optimizer, not frozen) to fp16
+    under fp16 mixed precision, and to fp16/bf16 under accumulation."""
+    model = ctx.model
+    casts = [c for c in param_casts(model) if c.trained and not c.frozen]
+    if not casts:
+        return
+    scaler = _fp16_training(model)
+    accumulating = accumulates(model)
+    for cast in casts:
+        if cast.dtype == FP16 and scaler is not None:
+            _report_scaled(ctx, cast, scaler)
+        elif accumulating:
+            _report_accumulated(ctx, cast)
+
+
+def _fp16_training(model) -> str | None:
+    """What unscales fp16 gradients here: a GradScaler that may be enabled, or an fp16 engine."""
+    for scaler in live_scalers(model):
+        return f"the GradScaler `{scaler.name}`"
+    for engine in engines(model):
+        if engine_precision_of(engine) == "fp16":
+            return f"`{engine.name}` (fp16)"
+    return None
+
+
+def _report_scaled(ctx: RuleContext, cast: ParamCast, scaler: str) -> None:
+    ctx.report(
+        cast.node,
+        f"`{cast.name}` is cast to fp16 and trained with {scaler}: its gradients are fp16 too, "
+        'and unscale_ rejects them ("Attempting to unscale FP16 gradients") at the first clip '
+        "or step (keep the trained weights in fp32; autocast does the fp16 math)",
+    )
+
+
+def _report_accumulated(ctx: RuleContext, cast: ParamCast) -> None:
+    ctx.report(
+        cast.node,
+        f"`{cast.name}` is trained in {cast.dtype} while gradients accumulate over several "
+        f"micro-steps: each addition into the {cast.dtype} `.grad` drops low-order bits, so the "
+        "precision loss grows with K (keep the trained weights in fp32, or accumulate in fp32 "
+        "buffers)",
+    )

@@ -1,0 +1,513 @@
+"""Precision facts: autocast regions (device, dtype, enabled-ness), the engine's statically known
+precision, the file's fp16 paths, and the dtypes models' parameters are cast to.
+
+Dtypes are the words "fp16", "bf16" and "fp32"; None means "not statically known" (a dtype or a
+device taken from a variable, a precision read from a config file or the command line). Rules
+ask these questions through functions that take the `Model`; each fact is built once per module
+(`model.memo`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import libcst as cst
+
+from linter.model.cst_util import (
+    children,
+    code,
+    dotted,
+    has_star_kwargs,
+    int_value,
+    is_false,
+    keyword,
+    last_part,
+    method_call,
+    positional,
+    string_value,
+    walk,
+)
+from linter.model.functions import Stmt
+from linter.model.loops import Region
+from linter.model.setup import Engine, Scaler, _callee_kind
+
+FP16, BF16, FP32 = "fp16", "bf16", "fp32"
+_DTYPES = {
+    "torch.float16": FP16,
+    "torch.half": FP16,
+    "torch.bfloat16": BF16,
+    "torch.float32": FP32,
+    "torch.float": FP32,
+}
+_DEVICE_DEFAULT = {"cuda": FP16, "cpu": BF16}  # autocast's dtype when none is written
+_ENGINE_DTYPE = {"fp16": FP16, "bf16": BF16, "no": FP32}
+_OLD_API = {"torch.cuda.amp.autocast": "cuda", "torch.cpu.amp.autocast": "cpu"}
+_NO_GRAD = {"torch.no_grad", "torch.inference_mode"}
+# An `enabled=` expression that names a dtype or precision follows the fp16 choice.
+_PRECISION_WORDS = re.compile(r"fp16|float16|half|dtype|precision", re.I)
+_FP16_NAME = re.compile(r"(^|_)(fp16|float16)($|_)", re.I)
+_FP16_STRINGS = {"fp16", "float16", "half", "16", "16-mixed"}
+_CAST_METHODS = {"half": FP16, "bfloat16": BF16}
+_PARAMETER_METHODS = {"parameters", "named_parameters"}
+# Module methods that work in place and return the module (`model.to(d).half()`).
+_MODULE_METHODS = {"to", "half", "bfloat16", "float", "cuda", "cpu", "requires_grad_", "train"}
+_MAX_DEPTH = 3
+_ADAPTERS = {"get_peft_model", "PeftModel.from_pretrained"}
+
+
+# autocast regions --------------------------------------------------------------------------
+@dataclass(eq=False)
+class Autocast:
+    """One autocast region and what it runs in."""
+
+    region: Region
+    device: str | None  # "cuda" / "cpu"; None when taken from a variable
+    dtype: str | None  # written, or the device's default; None when not statically known
+    explicit: bool  # a dtype is written at the call
+    enabled: bool | None  # False for a literal `enabled=False`; None: decided at runtime
+    engine: Engine | None = None  # the engine of `accelerator.autocast()`
+    switch: cst.BaseExpression | None = None  # the `enabled=` expression decided at runtime
+
+    @property
+    def by_engine(self) -> bool:
+        return self.region.kind == "engine_autocast"
+
+    @property
+    def may_be_fp16(self) -> bool:
+        """fp16, or a dtype the linter cannot see (written as a variable, or the default of a
+        device taken from a variable)."""
+        return self.dtype == FP16 or self.dtype is None
+
+
+def autocasts(model) -> list[Autocast]:
+    """Every autocast region of the module (user regions and `accelerator.autocast()`)."""
+    return model.memo("precision.autocasts", _build_autocasts)
+
+
+def autocast_of(model, region: Region) -> Autocast | None:
+    for cast in autocasts(model):
+        if cast.region is region:
+            return cast
+    return None
+
+
+def innermost_autocast(model, stmt: Stmt) -> Autocast | None:
+    """The autocast region nearest around a statement (lexically): an `enabled=False` island
+    inside a region is what the statement runs under."""
+    order = {id(f.node): i for i, f in enumerate(stmt.frames) if f.kind == "with"}
+    regions = model.regions_around(stmt, "autocast") + model.regions_around(stmt, "engine_autocast")
+    if not regions:
+        return None
+    nearest = max(regions, key=lambda r: order[id(r.with_node)])
+    return autocast_of(model, nearest)
+
+
+def under_no_grad(model, region: Region) -> bool:
+    """Whether the region runs with gradients off (`with torch.no_grad(), autocast(...):` or a
+    `no_grad` block around it): an inference region."""
+    calls = [i.item for f in region.frames if f.kind == "with" for i in f.node.items]
+    scope = _scope_of(model, region)
+    if scope is not None and isinstance(scope.node, cst.FunctionDef):
+        calls += [d.decorator for d in scope.node.decorators]
+    for call in calls:
+        func = call.func if isinstance(call, cst.Call) else call
+        if (model.imports.qualify(func) or "") in _NO_GRAD:
+            return True
+    return False
+
+
+def _build_autocasts(model) -> list[Autocast]:
+    found = []
+    for region in model.regions:
+        if region.kind == "autocast":
+            found.append(_user_autocast(model, region))
+        elif region.kind == "engine_autocast":
+            found.append(_engine_autocast(model, region))
+    return found
+
+
+def _user_autocast(model, region: Region) -> Autocast:
+    call = region.call
+    qual = model.imports.qualify(call.func) or ""
+    args = positional(call)
+    old_api = qual in _OLD_API  # positional `(enabled, dtype, ...)`, not `(device, dtype, ...)`
+    if old_api:
+        device = _OLD_API[qual]
+    else:
+        device_arg = keyword(call, "device_type") or (args[0] if args else None)
+        device = _device(model, device_arg, region)
+    dtype_arg = keyword(call, "dtype") or (args[1] if len(args) > 1 else None)
+    enabled_arg = keyword(call, "enabled")
+    if enabled_arg is None:
+        index = 0 if old_api else 2
+        enabled_arg = args[index] if len(args) > index else None
+    if dtype_arg is not None:
+        dtype = _DTYPES.get(model.imports.qualify(dtype_arg) or "")
+    else:
+        dtype = _DEVICE_DEFAULT.get(device or "")
+    enabled = _literal_bool(enabled_arg)
+    switch = enabled_arg if enabled is None else None
+    return Autocast(region, device, dtype, dtype_arg is not None, enabled, switch=switch)
+
+
+def _engine_autocast(model, region: Region) -> Autocast:
+    engine = model.engine_for(region.receiver, _scope_of(model, region))
+    precision = engine_precision_of(engine) if engine is not None else None
+    return Autocast(region, None, _ENGINE_DTYPE.get(precision or ""), True, True, engine)
+
+
+def wraps_low_precision_prepared_model(model, region: Region) -> bool:
+    """A region around a call of a model prepared by an fp16/bf16 engine (ACL201's case, whose
+    fix adopts the engine's precision)."""
+    if not model.has_training_loop():
+        return False
+    for call in model.calls_in_with(region.with_node):
+        if call.func and model.is_prepared(call.func, call.stmt.scope):
+            engine = model.setup.engines.get(model.setup.prepared[call.func].engine)
+            if engine is not None and engine.mixed_precision in ("fp16", "bf16"):
+                return True
+    return False
+
+
+def region_scope(model, region: Region):
+    """The function (or the module) whose body holds the region."""
+    return _scope_of(model, region)
+
+
+def _scope_of(model, region: Region):
+    for scope in model.scopes:
+        if any(w is region.with_node for w, _ in scope.withs):
+            return scope
+    return None
+
+
+def _device(model, node: cst.BaseExpression | None, region: Region) -> str | None:
+    """ "cuda" / "cpu" for a literal (or a name bound once to one); None otherwise."""
+    if node is None:
+        return None
+    value = string_value(node)
+    if value is None and dotted(node) is not None:
+        defs = model.module_defs(dotted(node))
+        if len(defs) == 1 and defs[0].op == "=" and defs[0].tuple_index is None:
+            value = string_value(defs[0].value)
+    if value is None:
+        return None
+    head = value.split(":", 1)[0]
+    return head if head in _DEVICE_DEFAULT else None
+
+
+def _literal_bool(node: cst.BaseExpression | None) -> bool | None:
+    if node is None:
+        return True
+    if is_false(node):
+        return False
+    if isinstance(node, cst.Name) and node.value == "True":
+        return True
+    return None
+
+
+# the engine's precision ----------------------------------------------------------------------
+def engine_precision_of(engine: Engine) -> str | None:
+    """ "fp16" / "bf16" / "no" / "fp8" when written at the engine's construction; a guard
+    engine built without one runs in "no"; None when read from a config file or the CLI."""
+    if engine.mixed_precision is not None or engine.node is None:
+        return engine.mixed_precision
+    if engine.kind != "guard" or not isinstance(engine.node, cst.Call):
+        return None
+    call = engine.node
+    args = positional(call)
+    if keyword(call, "mixed_precision") is None and not args and not has_star_kwargs(call):
+        return "no"
+    value = string_value(args[0]) if args else None
+    return value if value in _ENGINE_DTYPE else None
+
+
+def engines(model) -> list[Engine]:
+    """The Accelerators and guard engines the module constructs."""
+    return [
+        e
+        for e in model.setup.engines.values()
+        if e.kind in ("accelerate", "guard") and e.node is not None
+    ]
+
+
+def engine_precision(model) -> str | None:
+    """The precision every engine of the module is statically set to, else None (no engine,
+    engines that disagree, or one whose precision is not statically known)."""
+    found = {engine_precision_of(e) for e in engines(model)}
+    return found.pop() if len(found) == 1 else None
+
+
+# scalers and fp16 paths --------------------------------------------------------------------
+def live_scalers(model) -> list[Scaler]:
+    """GradScalers the module builds that may be enabled (all but a literal `enabled=False`)."""
+    return [s for s in model.setup.scalers.values() if s.enabled is not False]
+
+
+def scaler_follows_fp16(model, scaler: Scaler) -> bool:
+    """`GradScaler(enabled=args.fp16)` / `enabled=(dtype == torch.float16)`: the scaler is on
+    exactly when the run is fp16 (also through a name bound once to such an expression)."""
+    if scaler.enabled is not None or not isinstance(scaler.node, cst.Call):
+        return False
+    enabled = keyword(scaler.node, "enabled")
+    texts = [code(enabled)] if enabled is not None else []
+    for sub in walk(enabled) if enabled is not None else ():
+        text = dotted(sub)
+        if text is not None:
+            texts.extend(code(d.value) for d in model.module_defs(text) if d.value is not None)
+    return any(_PRECISION_WORDS.search(t) for t in texts)
+
+
+def scalers_on_under_bf16(model) -> list[Scaler]:
+    """Scalers that are on whenever the module's bf16 regions are: always enabled, or switched
+    by the same expression as a bf16 autocast (`enabled=args.amp` on both). A scaler switched
+    by something else (`enabled=torch.cuda.is_available()`) is left to the runtime check, and
+    one that follows the fp16 choice is right."""
+    switches = {code(c.switch) for c in autocasts(model) if c.dtype == BF16 and c.switch}
+    found = []
+    for scaler in live_scalers(model):
+        if scaler.enabled is True:
+            found.append(scaler)
+        elif not scaler_follows_fp16(model, scaler) and isinstance(scaler.node, cst.Call):
+            enabled = keyword(scaler.node, "enabled")
+            if enabled is not None and code(enabled) in switches:
+                found.append(scaler)
+    return found
+
+
+def has_fp16_path(model) -> bool:
+    """Whether the file can run in fp16 anywhere: an autocast that may be fp16, an engine in
+    fp16 or of unknown precision, or a mention of fp16 (`torch.float16`, `.half()`, `args.fp16`,
+    a `"fp16"` choice)."""
+    return model.memo("precision.fp16_path", _build_fp16_path)
+
+
+def _build_fp16_path(model) -> bool:
+    if any(c.may_be_fp16 and c.enabled is not False for c in autocasts(model) if not c.by_engine):
+        return True
+    if any(engine_precision_of(e) in ("fp16", None) for e in engines(model)):
+        return True
+    for node in walk(model.module, into_scopes=True):
+        if isinstance(node, (cst.Attribute, cst.Name)):
+            text = dotted(node)
+            if text is None:
+                continue
+            if _DTYPES.get(model.imports.qualify(node) or "") == FP16:
+                return True
+            if _FP16_NAME.search(last_part(text)) or last_part(text) == "half":
+                return True
+        elif isinstance(node, cst.SimpleString) and string_value(node) in _FP16_STRINGS:
+            return True
+    return False
+
+
+def bf16_sources(model) -> list[str]:
+    """What makes the module train in bf16: bf16 autocast regions and bf16 engines."""
+    found = []
+    for cast in autocasts(model):
+        if cast.dtype == BF16 and cast.enabled is not False:
+            found.append(f"bf16 autocast on line {model.line(cast.region.item.item)}")
+    for engine in engines(model):
+        if engine_precision_of(engine) == "bf16":
+            found.append(f"`{engine.name}` in bf16 (line {model.line(engine.node)})")
+    return found
+
+
+# parameter dtypes -----------------------------------------------------------------------------
+@dataclass(eq=False)
+class ParamCast:
+    """A model whose parameters are cast to a low-precision dtype."""
+
+    name: str  # the model, as the module names it
+    dtype: str  # FP16 / BF16
+    node: cst.CSTNode  # the cast: `half`, the dtype argument, or the `torch_dtype=` keyword
+    stmt: Stmt
+    trained: bool  # its parameters reach an optimizer
+    frozen: bool  # `requires_grad_(False)`, gradients turned off in a loop, or an adapter wrapper
+
+
+def param_casts(model) -> list[ParamCast]:
+    return model.memo("precision.param_casts", _build_param_casts)
+
+
+def accumulates(model) -> bool:
+    """Whether gradients are accumulated over K > 1 micro-steps (an engine's value, or a step
+    gate's K, other than the literal 1)."""
+    values = [e.accum for e in engines(model) if e.accum is not None]
+    values += [loop.gate.k for loop in model.loops if loop.gate is not None]
+    return any(k is not None and (int_value(k) is None or int_value(k) > 1) for k in values)
+
+
+def _build_param_casts(model) -> list[ParamCast]:
+    trained = _trained_names(model)
+    frozen = frozen_names(model)
+    found = []
+    for scope in model.scopes:
+        for stmt in scope.stmts:
+            target, chain = _cast_chain(stmt)
+            cast = _low_precision_cast(model, chain) if target is not None else None
+            if cast is None:
+                continue
+            reaches = any(_sees(scope, user, target) for user in trained.get(target, ()))
+            found.append(ParamCast(target, cast[0], cast[1], stmt, reaches, target in frozen))
+    return found
+
+
+def _sees(cast_scope, optimizer_scope, name: str) -> bool:
+    """Whether the optimizer built in `optimizer_scope` gets the object that `cast_scope` casts:
+    the same function, an enclosing one (the module), or `self.X` in the same class. A model
+    cast in an evaluation function of its own is another object."""
+    if name.startswith("self."):
+        return cast_scope.class_name is not None and cast_scope.class_name == (
+            optimizer_scope.class_name
+        )
+    scope = optimizer_scope
+    while scope is not None:
+        if scope is cast_scope:
+            return True
+        scope = scope.parent
+    return False
+
+
+def _cast_chain(stmt: Stmt) -> tuple[str | None, list[cst.Call]]:
+    """(the model a statement casts, the calls of its method chain): `m = Net().to(d).half()`
+    casts `m`; `m.half()` and `m.to(torch.float16)` cast `m` in place."""
+    node = stmt.node
+    if isinstance(node, (cst.Assign, cst.AnnAssign)):
+        targets = node.targets if isinstance(node, cst.Assign) else [node]
+        if len(targets) != 1 or dotted(targets[0].target) is None:
+            return None, []
+        return dotted(targets[0].target), _chain(node.value)
+    if isinstance(node, cst.Expr):
+        chain = _chain(node.value)
+        pair = method_call(chain[-1]) if chain else None
+        if pair is not None and pair[1] in _MODULE_METHODS and dotted(pair[0]) is not None:
+            return dotted(pair[0]), chain
+    return None, []
+
+
+def _chain(value: cst.BaseExpression | None) -> list[cst.Call]:
+    """The calls of `a(...).b(...).c(...)`, outermost first."""
+    calls = []
+    while isinstance(value, cst.Call):
+        calls.append(value)
+        value = value.func.value if isinstance(value.func, cst.Attribute) else None
+    return calls
+
+
+def _low_precision_cast(model, chain: list[cst.Call]) -> tuple[str, cst.CSTNode] | None:
+    for call in chain:
+        pair = method_call(call)
+        method = pair[1] if pair else None
+        if method in _CAST_METHODS and not call.args:
+            return _CAST_METHODS[method], call.func.attr
+        if method == "to":
+            for arg in [a.value for a in call.args if _dtype_argument(a)]:
+                dtype = _DTYPES.get(model.imports.qualify(arg) or "")
+                if dtype in (FP16, BF16):
+                    return dtype, arg
+        for arg in call.args:
+            if arg.keyword is not None and arg.keyword.value == "torch_dtype":
+                dtype = _DTYPES.get(model.imports.qualify(arg.value) or "")
+                if dtype in (FP16, BF16):
+                    return dtype, arg
+    return None
+
+
+def _dtype_argument(arg: cst.Arg) -> bool:
+    return arg.keyword is None or arg.keyword.value == "dtype"
+
+
+def _trained_names(model) -> dict[str, list]:
+    """Names whose parameters reach an optimizer, with the functions that build those
+    optimizers: the names in an optimizer's arguments (`model.parameters()`, param groups), and
+    those bound to them (`params = model.parameters()`)."""
+    return model.memo("precision.trained", _build_trained)
+
+
+def _build_trained(model) -> dict[str, list]:
+    found: dict[str, list] = {}
+    for site in model.calls:
+        if not _is_optimizer_call(model, site):
+            continue
+        seen: set[str] = set()
+        pending = [(a.value, 0) for a in site.call.args]
+        while pending:
+            node, depth = pending.pop()
+            for text in _dotted_names(node):
+                if text in seen or depth >= _MAX_DEPTH:
+                    continue
+                seen.add(text)  # a model handed over whole (`groups(model)`), or a name to resolve
+                found.setdefault(text, []).append(site.stmt.scope)
+                pending.extend((d.value, depth + 1) for d in model.module_defs(text) if d.value)
+    return found
+
+
+def _dotted_names(node: cst.CSTNode):
+    """The whole dotted names in an expression (`self.model` in `self.model.parameters()`,
+    with `.parameters` dropped), not their parts."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        text = dotted(current)
+        if text is not None:
+            head, _, method = text.rpartition(".")
+            yield head if method in _PARAMETER_METHODS and head else text
+            continue
+        stack.extend(children(current))
+
+
+def _is_optimizer_call(model, site) -> bool:
+    qual = model.imports.qualify(site.call.func) or ""
+    if _callee_kind(qual) == "optimizer":
+        return True
+    d = site.stmt.node
+    if isinstance(d, cst.Assign) and d.value is site.call and len(d.targets) == 1:
+        return model.is_optimizer(dotted(d.targets[0].target))
+    return False
+
+
+def frozen_names(model) -> set[str]:
+    """Models kept out of training (see `_build_frozen`)."""
+    return model.memo("precision.frozen", _build_frozen)
+
+
+def _build_frozen(model) -> set[str]:
+    """Models kept out of training: `requires_grad_(False)` (chained or on its own line), a loop
+    over `.parameters()` that turns `requires_grad` off, or an adapter wrapper (`get_peft_model`)
+    whose trainable weights are created in fp32."""
+    found = set()
+    for scope in model.scopes:
+        for stmt in scope.stmts:
+            target, chain = _cast_chain(stmt)
+            if any(_freezes(model, call) for call in chain):
+                found.add(target)
+        for loop in scope.loops:
+            if isinstance(loop, cst.For):
+                frozen = _loop_freezes(loop)
+                if frozen is not None:
+                    found.add(frozen)
+    return found
+
+
+def _freezes(model, call: cst.Call) -> bool:
+    pair = method_call(call)
+    if pair and pair[1] == "requires_grad_" and call.args and is_false(call.args[0].value):
+        return True
+    return last_part(model.imports.qualify(call.func)) in _ADAPTERS or code(call.func) in _ADAPTERS
+
+
+def _loop_freezes(loop: cst.For) -> str | None:
+    """`X` for `for p in X.parameters(): p.requires_grad = False`."""
+    pair = method_call(loop.iter)
+    if pair is None or pair[1] not in _PARAMETER_METHODS or dotted(pair[0]) is None:
+        return None
+    for sub in walk(loop.body):
+        if isinstance(sub, cst.Assign) and is_false(sub.value):
+            if any(
+                isinstance(t.target, cst.Attribute) and t.target.attr.value == "requires_grad"
+                for t in sub.targets
+            ):
+                return dotted(pair[0])
+    return None

@@ -1,0 +1,165 @@
+"""ACL105 scaler-with-bf16: a GradScaler in a module that trains in bf16 only."""
+
+from __future__ import annotations
+
+import textwrap
+
+RAW = """
+import torch
+
+scaler = torch.amp.GradScaler("cuda")
+for x, y in dl:
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = crit(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(opt)
+    scaler.update()
+"""
+
+RAW_FIXED = """
+import torch
+
+for x, y in dl:
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = crit(model(x), y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+"""
+
+
+def test_scaler_under_bf16_autocast_is_flagged_and_removed_unsafely(acl105, at):
+    assert acl105.findings(RAW) == [("ACL105", *at(RAW, "torch.amp.GradScaler("))]
+    (diagnostic,) = acl105.diagnostics(RAW)
+    assert diagnostic.fix.applicability == "unsafe"
+    assert "bf16 autocast on line 6" in diagnostic.message
+    assert acl105.fixed(RAW) == textwrap.dedent(RAW)
+    assert acl105.fixed(RAW, unsafe=True) == textwrap.dedent(RAW_FIXED)
+
+
+def test_bf16_engines_with_a_user_scaler(acl105, at):
+    source = """
+    import torch
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(mixed_precision="bf16")
+    model, opt, dl = accelerator.prepare(model, opt, dl)
+    scaler = torch.amp.GradScaler()
+    for batch in dl:
+        scaler.scale(model(**batch).loss).backward()
+        scaler.step(opt); scaler.update()
+    """
+    assert acl105.findings(source) == [("ACL105", *at(source, "torch.amp.GradScaler("))]
+    fixed = acl105.fixed(source, unsafe=True)
+    assert "    model(**batch).loss.backward()\n    opt.step()\n" in fixed
+    assert "scaler" not in fixed
+    guard_engine = source.replace("from accelerate import Accelerator", "import guard")
+    guard_engine = guard_engine.replace("Accelerator(", "guard.Engine(")
+    assert acl105.findings(guard_engine) == [("ACL105", *at(guard_engine, "torch.amp.GradScaler("))]
+
+
+def test_cpu_autocast_defaults_to_bf16(acl105, at):
+    source = RAW.replace('torch.autocast("cuda", dtype=torch.bfloat16)', 'torch.autocast("cpu")')
+    assert acl105.findings(source) == [("ACL105", *at(source, "torch.amp.GradScaler("))]
+
+
+def test_scaler_switched_with_the_bf16_region(acl105, at):
+    source = """
+    import torch
+
+    scaler = torch.amp.GradScaler("cuda", enabled=args.amp)
+    for x, y in dl:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.amp):
+            loss = crit(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    """
+    assert acl105.findings(source) == [("ACL105", *at(source, "torch.amp.GradScaler("))]
+    elsewhere = source.replace(
+        '"cuda", enabled=args.amp', '"cuda", enabled=torch.cuda.is_available()'
+    )
+    assert acl105.findings(elsewhere) == []
+
+
+def test_trainer_class_with_an_aliased_import(acl105, at):
+    source = """
+    import torch
+    from torch.cuda.amp import GradScaler
+
+    class Trainer:
+        def __init__(self, model, opt):
+            self.model, self.opt = model, opt
+            self.scaler = GradScaler()
+
+        def fit(self, dl):
+            for x, y in dl:
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = self.model(x).mean()
+                self.scaler.scale(loss / 2).backward()
+                self.scaler.step(self.opt)
+                self.scaler.update()
+    """
+    assert acl105.findings(source) == [("ACL105", *at(source, "GradScaler()"))]
+    fixed = acl105.fixed(source, unsafe=True)
+    assert "self.scaler" not in fixed
+    assert "            (loss / 2).backward()\n            self.opt.step()\n" in fixed
+
+
+def test_no_fix_when_the_scaler_is_used_otherwise(acl105, at):
+    helper = """
+    import torch
+
+    def train_one_epoch(model, loader, optimizer, scaler):
+        for x, y in loader:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(x, y)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+
+    def main():
+        scaler = torch.amp.GradScaler()
+        train_one_epoch(model, loader, optimizer, scaler)
+    """
+    (diagnostic,) = acl105.diagnostics(helper)
+    assert (diagnostic.start.line, diagnostic.start.column) == at(helper, "torch.amp.GradScaler(")
+    assert diagnostic.fix is None
+    assert "remove it by hand" in diagnostic.message
+    checkpoint = RAW + 'torch.save({"scaler": scaler.state_dict()}, "ckpt.pt")\n'
+    assert acl105.diagnostics(checkpoint)[0].fix is None
+    lone_update = RAW.replace("    scaler.update()", "    if step_done:\n        scaler.update()")
+    assert acl105.diagnostics(lone_update)[0].fix is None  # the `if` would be left empty
+
+
+def test_scaler_that_follows_the_fp16_choice_is_not_flagged(acl105):
+    for enabled in ("args.fp16", "(dtype == torch.float16)", "use_scaler"):
+        source = RAW.replace('GradScaler("cuda")', f'GradScaler("cuda", enabled={enabled})')
+        source = source.replace("scaler = ", "use_scaler = amp_dtype == 'float16'\nscaler = ")
+        assert acl105.findings(source) == [], enabled
+    disabled = RAW.replace('GradScaler("cuda")', 'GradScaler("cuda", enabled=False)')
+    assert acl105.findings(disabled) == []
+
+
+def test_dtype_from_a_variable_or_an_fp16_path_is_not_flagged(acl105):
+    variable = RAW.replace("dtype=torch.bfloat16", "dtype=amp_dtype")
+    assert acl105.findings(variable) == []
+    choice = "amp_dtype = torch.bfloat16 if args.bf16 else torch.float16\n"
+    assert acl105.findings(choice + RAW) == []
+    flag = RAW.replace("for x, y in dl:", "model.half() if args.half else model\nfor x, y in dl:")
+    assert acl105.findings(flag) == []
+
+
+def test_bf16_accelerator_without_a_user_scaler_is_not_flagged(acl105):
+    source = """
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(mixed_precision="bf16")
+    model, opt, dl = accelerator.prepare(model, opt, dl)
+    for batch in dl:
+        accelerator.backward(model(**batch).loss)
+        opt.step()
+    """
+    assert acl105.findings(source) == []

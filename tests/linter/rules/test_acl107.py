@@ -1,0 +1,224 @@
+"""ACL107 fp16-params-with-scaler: trained parameters stored in fp16 (or low precision under
+accumulation)."""
+
+from __future__ import annotations
+
+RAW = """
+import torch
+
+model = Net().cuda().half()
+optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+scaler = torch.amp.GradScaler("cuda")
+for x, y in dl:
+    with torch.autocast("cuda"):
+        loss = crit(model(x.half()), y)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+"""
+
+
+def test_half_model_trained_with_a_scaler(acl107, at):
+    assert acl107.findings(RAW) == [("ACL107", *at(RAW, "half()"))]
+    (diagnostic,) = acl107.diagnostics(RAW)
+    assert diagnostic.fix is None
+    assert "`model` is cast to fp16" in diagnostic.message
+    assert "GradScaler `scaler`" in diagnostic.message
+
+
+def test_in_place_casts(acl107, at):
+    in_place = RAW.replace("model = Net().cuda().half()", "model = Net().cuda()\nmodel.half()")
+    assert acl107.findings(in_place) == [("ACL107", *at(in_place, "half()"))]
+    to_dtype = RAW.replace(".half()\n", ".to(torch.float16)\n", 1)
+    assert acl107.findings(to_dtype) == [("ACL107", *at(to_dtype, "torch.float16"))]
+    keyword = RAW.replace(".half()\n", '.to("cuda", dtype=torch.half)\n', 1)
+    assert acl107.findings(keyword) == [("ACL107", *at(keyword, "torch.half"))]
+
+
+def test_from_pretrained_fp16_under_an_fp16_accelerator(acl107, at):
+    source = """
+    import torch
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.float16)
+    accelerator = Accelerator(mixed_precision="fp16")
+    model, opt = accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
+    for batch in dl:
+        accelerator.backward(model(**batch).loss)
+        opt.step()
+    """
+    assert acl107.findings(source) == [("ACL107", *at(source, "torch_dtype="))]
+    assert "`accelerator` (fp16)" in acl107.diagnostics(source)[0].message
+    fp32 = source.replace("torch.float16", "torch.float32")
+    assert acl107.findings(fp32) == []
+
+
+def test_guard_engine_and_a_name_bound_to_the_parameters(acl107, at):
+    source = """
+    import guard
+    import torch
+
+    def main():
+        model = Net().half()
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params)
+        engine = guard.Engine(mixed_precision="fp16")
+        model, optimizer = engine.prepare(model, optimizer)
+        for x in dl:
+            engine.backward(model(x).mean())
+            optimizer.step()
+    """
+    assert acl107.findings(source) == [("ACL107", *at(source, "half()"))]
+
+
+def test_trainer_class_attributes(acl107, at):
+    source = """
+    import torch
+    from torch.cuda.amp import GradScaler
+
+    class Trainer:
+        def __init__(self):
+            self.model = Net().to(torch.float16)
+            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+            self.scaler = GradScaler()
+
+        def fit(self, dl):
+            for x, y in dl:
+                self.scaler.scale(self.model(x).mean()).backward()
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+    """
+    assert acl107.findings(source) == [("ACL107", *at(source, "torch.float16"))]
+
+
+def test_bf16_weights_under_accumulation(acl107, at):
+    source = """
+    import torch
+    from accelerate import Accelerator
+
+    model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.bfloat16)
+    accelerator = Accelerator(mixed_precision="bf16", gradient_accumulation_steps=8)
+    opt = torch.optim.AdamW(model.parameters())
+    model, opt, dl = accelerator.prepare(model, opt, dl)
+    for batch in dl:
+        with accelerator.accumulate(model):
+            accelerator.backward(model(**batch).loss)
+            opt.step()
+            opt.zero_grad()
+    """
+    assert acl107.findings(source) == [("ACL107", *at(source, "torch_dtype="))]
+    assert "accumulate" in acl107.diagnostics(source)[0].message
+    once = source.replace("gradient_accumulation_steps=8", "gradient_accumulation_steps=1")
+    assert acl107.findings(once) == []
+
+
+def test_bf16_weights_with_a_manual_while_loop_window(acl107, at):
+    source = """
+    import torch
+
+    model = Net().bfloat16()
+    opt = torch.optim.AdamW(model.parameters())
+    micro = 0
+    while True:
+        x = next(it)
+        (model(x).mean() / 4).backward()
+        micro += 1
+        if micro == 4:
+            opt.step()
+            opt.zero_grad()
+            micro = 0
+    """
+    assert acl107.findings(source) == [("ACL107", *at(source, "bfloat16()"))]
+
+
+def test_frozen_models_are_not_flagged(acl107):
+    source = """
+    import torch
+
+    vae = AutoencoderKL.from_pretrained(name).to("cuda", dtype=torch.float16)
+    text_encoder = CLIPTextModel.from_pretrained(name, torch_dtype=torch.float16)
+    text_encoder.requires_grad_(False)
+    teacher = Net().half()
+    for p in teacher.parameters():
+        p.requires_grad = False
+    encoder = Net().half().requires_grad_(False)
+    optimizer = torch.optim.AdamW(
+        list(unet.parameters()) + list(text_encoder.parameters()) + list(teacher.parameters())
+        + list(encoder.parameters())
+    )
+    scaler = torch.amp.GradScaler("cuda")
+    for batch in dl:
+        with torch.autocast("cuda"):
+            loss = unet(vae.encode(batch), text_encoder(batch)).mean()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    """
+    assert acl107.findings(source) == []
+
+
+def test_adapter_wrappers_are_left_to_the_runtime_check(acl107):
+    source = """
+    import torch
+    from peft import get_peft_model
+
+    model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.float16)
+    model = get_peft_model(model, lora_config)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scaler = torch.amp.GradScaler("cuda")
+    for batch in dl:
+        scaler.scale(model(**batch).loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    """
+    assert acl107.findings(source) == []
+
+
+def test_auto_or_variable_dtypes_are_not_flagged(acl107):
+    auto = RAW.replace(".half()\n", '.to(dtype="auto")\n', 1)
+    assert acl107.findings(auto) == []
+    variable = RAW.replace(".half()\n", ".to(dtype=weight_dtype)\n", 1)
+    assert acl107.findings(variable) == []
+
+
+def test_a_cast_in_an_evaluation_function_of_its_own_is_not_flagged(acl107):
+    """The model reloaded in fp16 for validation is another object than the trained one."""
+    source = """
+    import torch
+
+    def log_validation(path):
+        model = Net.from_pretrained(path, torch_dtype=torch.float16)
+        return evaluate(model)
+
+    def main():
+        model = Net()
+        optimizer = torch.optim.AdamW(model.parameters())
+        scaler = torch.amp.GradScaler("cuda")
+        for x in dl:
+            with torch.autocast("cuda"):
+                loss = model(x).mean()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        log_validation("out")
+    """
+    assert acl107.findings(source) == []
+
+
+def test_pure_fp16_without_scaler_or_accumulation_and_tensor_casts_are_not_flagged(acl107):
+    no_scaler = """
+    import torch
+
+    model = Net().half()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    for x, y in dl:
+        loss = crit(model(x.half()), y)
+        loss.backward()
+        optimizer.step()
+    """
+    assert acl107.findings(no_scaler) == []
+    bf16 = RAW.replace(".half()\n", ".bfloat16()\n", 1)
+    assert acl107.findings(bf16) == []  # bf16 under a scaler is ACL105's; no accumulation here
+    tensors = RAW.replace("model = Net().cuda().half()", "model = Net().cuda()")
+    assert acl107.findings(tensors) == []
