@@ -254,13 +254,11 @@ def _named_division_edits(ctx, site, engine: str, loss) -> list:
 
 
 def _is_engine_k(model, engine: str, divisor) -> bool:
-    from linter.model.cst_util import code, int_value, strip_parens
+    """The division the engine's backward repeats: the same judgement as ACL302's, so that
+    this fix removes exactly the divisions ACL302 would report after it."""
+    from linter.model.accumulation import divides_like_engine
 
-    configured = model.engine_k(engine)
-    spellings = {f"{engine}.gradient_accumulation_steps"}
-    if configured is not None and int_value(configured) != 1:
-        spellings.add(code(configured))
-    return code(strip_parens(divisor)) in spellings
+    return divides_like_engine(model, engine, divisor)
 
 
 def _without_engine_division(model, engine: str, loss):

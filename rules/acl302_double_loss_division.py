@@ -9,7 +9,7 @@ RULE = Rule(
     severity="error",
     fix="safe",
     runtime="heuristic",
-    static=False,
+    static=True,
     guard_levels=("warning",),
     docs="""\
 ## What it does

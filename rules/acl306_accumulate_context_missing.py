@@ -9,7 +9,7 @@ RULE = Rule(
     severity="error",
     fix="unsafe",
     runtime="full",
-    static=False,
+    static=True,
     docs="""\
 ## What it does
 Flags a batch loop that calls `accelerator.backward(...)` (or a raw `.backward()` on a loss from a

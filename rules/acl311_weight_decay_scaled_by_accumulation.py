@@ -9,7 +9,7 @@ RULE = Rule(
     severity="warning",
     fix="none",
     runtime="none",
-    static=False,
+    static=True,
     docs="""\
 ## What it does
 Flags a `weight_decay=` argument, in an optimizer constructor or a parameter-group dict, whose

@@ -9,7 +9,7 @@ RULE = Rule(
     severity="error",
     fix="none",
     runtime="none",
-    static=False,
+    static=True,
     docs="""\
 ## What it does
 Flags a name matching the accumulation pattern (`gradient_accumulation_steps`, `grad_accum`, ...)
