@@ -9,7 +9,7 @@ RULE = Rule(
     severity="error",
     fix="unsafe",
     runtime="full",
-    static=False,
+    static=True,
     docs="""\
 ## What it does
 Flags `opt.zero_grad()` / `model.zero_grad()` that comes before the backward inside an

@@ -10,7 +10,7 @@ RULE = Rule(
     fix="unsafe",
     runtime="full",
     guard_levels=("error", "warning"),
-    static=False,
+    static=True,
     docs="""\
 ## What it does
 Flags a step gate such as `(i + 1) % K == 0`, `i % K == K - 1` or `step % K == 0`, where `i` is the

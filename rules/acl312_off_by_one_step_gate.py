@@ -9,7 +9,7 @@ RULE = Rule(
     severity="error",
     fix="unsafe",
     runtime="full",
-    static=False,
+    static=True,
     docs="""\
 ## What it does
 Flags a step gate `i % K == 0` where `i` is the index of a 0-based `enumerate(...)` (no `start=`)

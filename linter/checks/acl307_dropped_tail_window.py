@@ -1,0 +1,64 @@
+"""ACL307: a modulo step gate over a sized loader with no last-batch clause."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from linter.context import make_fix
+from linter.model import windows
+from linter.model.cst_util import code
+
+
+def check(ctx) -> None:
+    model = ctx.model
+    for loop, window in windows.window_gates(model):
+        if _drops_tail(model, loop, window):
+            _report(ctx, window)
+
+
+def _drops_tail(model, loop, window) -> bool:
+    """The gate reads the `enumerate` index of a loop over a loader with a length and has no
+    last-batch clause. Left alone: counters kept across epochs (`global_step % K`) and loops
+    over iterables without a length, where windows span epochs on purpose; `accumulate()`,
+    which flushes the tail of a prepared loader; a step elsewhere that flushes the tail."""
+    base = window.base
+    if base is None or base.source != "enumerate" or not base.sized:
+        return False
+    if window.last_batch_clause or windows.tail_flushed_elsewhere(model, loop, window):
+        return False
+    return not any(model.regions_around(s, "accumulate") for s in _gate_stmts(window))
+
+
+def _gate_stmts(window):
+    return [s for s in window.scope.stmts if any(f.node is window.gate.node for f in s.frames)]
+
+
+def _report(ctx, window) -> None:
+    target, holds = windows.edited_condition(window)
+    loader = code(window.base.loader)
+    last = _last_index_test(window, loader, holds)
+    text = code(target)
+    if isinstance(target, (cst.BooleanOperation, cst.IfExp, cst.NamedExpr, cst.Lambda)):
+        text = f"({text})"
+    joined = f"{text} or {last}" if holds else f"{text} and {last}"
+    fix = make_fix(
+        f"Also step on the last batch (`{last}`)",
+        ctx.replace(target, joined),
+        applicability="unsafe",
+    )
+    k = code(window.k)
+    ctx.report(
+        target,
+        f"the step gate `{code(window.comparison)}` has no last-batch clause: when "
+        f"`len({loader})` is not a multiple of `{k}`, the last `len({loader}) % {k}` "
+        "micro-batches of each epoch never reach the optimizer in their epoch (they leak into "
+        "the next epoch's first window, and the last epoch's are lost)",
+        fix,
+    )
+
+
+def _last_index_test(window, loader: str, holds: bool) -> str:
+    """`i + 1 == len(dl)` for a 0-based index (`i == len(dl)` from `start=1`)."""
+    index, shift = window.index, 1 - window.base.first
+    left = index if shift == 0 else f"{index} + {shift}" if shift > 0 else f"{index} - {-shift}"
+    return f"{left} {'==' if holds else '!='} len({loader})"
