@@ -28,7 +28,7 @@ def _report(ctx, missing: protocol.MissingUpdate) -> None:
     consequence = (
         "the next iteration's step raises `RuntimeError` (the optimizer stays `STEPPED`) and the "
         "loss scale never adapts"
-        if missing.body.loop is not None
+        if missing.body.repeats
         else "a second call raises `RuntimeError` (the optimizer stays `STEPPED`) and the loss "
         "scale never adapts"
     )

@@ -6,7 +6,7 @@ import libcst as cst
 
 from linter.checks._scaler_edits import insert_before
 from linter.context import make_fix
-from linter.model import scaler_protocol as protocol
+from linter.model import scaler_clipping as clipping
 from linter.model.cst_util import code, last_part
 
 # `torch.nn.utils.clip_grad_norm_` arguments that `accelerator.clip_grad_norm_` also takes.
@@ -17,10 +17,10 @@ def check(ctx) -> None:
     """Report torch clips of scaled gradients: after `scaler.scale(...).backward()` with no
     `unscale_` between, or under an engine whose precision may be fp16 (or with FSDP)."""
     model = ctx.model
-    for body in protocol.bodies(model):
-        for clip in protocol.unscaled_clips(model, body):
+    for body in clipping.bodies(model):
+        for clip in clipping.unscaled_clips(model, body):
             _report_raw(ctx, clip)
-        for clip in protocol.engine_clips(model, body):
+        for clip in clipping.engine_clips(model, body):
             _report_engine(ctx, clip)
 
 
@@ -28,9 +28,9 @@ def _name(site) -> str:
     return last_part(code(site.call.func))
 
 
-def _report_raw(ctx, clip: protocol.ScaledClip) -> None:
+def _report_raw(ctx, clip: clipping.ScaledClip) -> None:
     scaler = clip.scaled.scaler
-    optimizer = protocol.unscale_target(ctx.model, clip)
+    optimizer = clipping.unscale_target(ctx.model, clip)
     fix = None
     hint = f"call `{scaler}.unscale_(optimizer)` before it"
     if optimizer is not None:
@@ -46,7 +46,7 @@ def _report_raw(ctx, clip: protocol.ScaledClip) -> None:
     )
 
 
-def _report_engine(ctx, clip: protocol.EngineClip) -> None:
+def _report_engine(ctx, clip: clipping.EngineClip) -> None:
     engine, site = clip.engine, clip.site
     name = _name(site)
     if clip.fsdp:

@@ -5,8 +5,9 @@ torch's GradScaler accepts one order per iteration: `scaler.scale(loss).backward
 optimizer, and one `scaler.update()`. ACL102-ACL104 ask where a path leaves that order; the
 answers live here, in the model's terms (sites, statements, paths), so the rules stay short.
 
-A *body* is what runs as one iteration: a training loop, or a function holding a scaled backward
-that no training loop owns (a timm-style `NativeScaler.__call__` wrapper).
+A *body* is what runs as one iteration: a training loop, a loop whose scaled backward runs in a
+module function it calls, or a function holding a scaled backward that no training loop owns (a
+timm-style `NativeScaler.__call__` wrapper). ACL104's clip questions are in `scaler_clipping.py`.
 """
 
 from __future__ import annotations
@@ -19,21 +20,19 @@ import libcst as cst
 from linter.model.cst_util import (
     code,
     dotted,
-    last_part,
     method_call,
     positional,
     strip_parens,
     walk,
 )
 from linter.model.functions import Scope, Stmt
-from linter.model.loops import STEP_KINDS, Site, TrainingLoop, same_path
+from linter.model.loops import STEP_KINDS, Site, same_path
 
 if TYPE_CHECKING:
     from linter.model import Model
 
 _MAX_DEPTH = 4
-_CLIP_NAMES = {"clip_grad_norm_", "clip_grad_value_", "clip_grad_norm"}
-_UNSCALING = ("unscale", "scaler_step")  # `scaler.step` unscales what `unscale_` has not
+UNSCALING = ("unscale", "scaler_step")  # `scaler.step` unscales what `unscale_` has not
 
 
 @dataclass(eq=False)
@@ -41,41 +40,41 @@ class Body:
     node: cst.CSTNode  # the loop, or the function
     scope: Scope
     sites: list[Site]
-    loop: TrainingLoop | None  # None for a function no training loop owns
+    repeats: bool  # a loop (or a per-batch function); False for a wrapper no loop owns
 
     def contains(self, stmt: Stmt) -> bool:
         return stmt.scope is self.scope and (
             self.node is self.scope.node or any(f.node is self.node for f in stmt.frames)
         )
 
-    def conditions(self, stmt: Stmt) -> frozenset[tuple[int, bool]]:
-        """The `if` branches and early exits inside the body that must hold for `stmt` to run."""
-        frames = stmt.frames_inside(self.node)
-        return frozenset((id(f.node), f.holds) for f in frames if f.kind in ("if", "exit"))
+    def conditions(self, stmt: Stmt) -> frozenset[tuple[str, bool]]:
+        """The tests of the `if` branches and early exits inside the body that `stmt` needs, by
+        text: `if amp: scaler.scale(loss).backward()` ... `if amp: scaler.unscale_(opt)` is one
+        condition written twice."""
+        return conditions_of(stmt, self.node)
 
     def runs_whenever(self, a: Stmt, b: Stmt) -> bool:
         """Whether `a` runs in every iteration in which `b` runs (no extra condition)."""
         return self.conditions(a) <= self.conditions(b)
 
 
+def conditions_of(stmt: Stmt, inside: cst.CSTNode) -> frozenset[tuple[str, bool]]:
+    frames = stmt.frames_inside(inside)
+    return frozenset((code(f.test), f.holds) for f in frames if f.kind in ("if", "exit"))
+
+
 @dataclass(eq=False)
 class ScaledBackward:
-    site: Site
-    scaler: str  # the scaler's expression (`scaler`, `self.scaler`)
+    site: Site  # for a helper, a "backward" site standing for the call of it
+    scaler: str  # the scaler's expression (`scaler`, `self.scaler`), as the body names it
+    via_helper: bool = False
+    # What the helper's own backward needs (`if self.use_amp:` inside `training_step`).
+    conditions: frozenset[tuple[str, bool]] = frozenset()
 
 
 @dataclass(eq=False)
 class Bypass:
     """`opt.step()` fed by a scaled backward, with no `scaler.step(opt)` in the body (ACL102)."""
-
-    site: Site
-    body: Body
-    scaled: ScaledBackward
-
-
-@dataclass(eq=False)
-class ScaledClip:
-    """A torch clip reached from a scaled backward with nothing unscaling in between (ACL104)."""
 
     site: Site
     body: Body
@@ -88,7 +87,7 @@ def bodies(model: Model) -> list[Body]:
 
 
 def _find_bodies(model: Model) -> list[Body]:
-    found = [Body(loop.node, loop.scope, loop.sites, loop) for loop in model.loops]
+    found = [Body(loop.node, loop.scope, loop.sites, True) for loop in model.loops]
     owned = {id(s) for loop in model.loops for s in loop.sites}
     for scope in model.scopes:
         sites = model.sites[id(scope)]
@@ -96,7 +95,23 @@ def _find_bodies(model: Model) -> list[Body]:
             continue
         loose = [s for s in sites if s.kind == "backward" and id(s) not in owned]
         if any(scaler_of_backward(model, s) for s in loose):
-            found.append(Body(scope.node, scope, sites, None))
+            found.append(Body(scope.node, scope, sites, False))
+    return found + _helper_loops(model, {id(b.node) for b in found})
+
+
+def _helper_loops(model: Model, known: set[int]) -> list[Body]:
+    """Loops whose scaled backward runs in a module function they call (`self.training_step()`),
+    so that they hold no backward of their own and are no training loop of the model."""
+    found = []
+    for call in model.calls:
+        loops = call.stmt.loops()
+        if not loops or id(loops[-1]) in known or _helper_scaler(model, call) is None:
+            continue
+        known.add(id(loops[-1]))
+        scope = call.stmt.scope
+        body = Body(loops[-1], scope, [], True)
+        body.sites = [s for s in model.sites[id(scope)] if body.contains(s.stmt)]
+        found.append(body)
     return found
 
 
@@ -154,12 +169,71 @@ def _scaler_of_value(model: Model, value, scope: Scope, order: int, depth: int) 
 
 
 def scaled_backwards(model: Model, body: Body) -> list[ScaledBackward]:
+    """The body's scaled backwards, its own and those of the module functions it calls."""
+    return model.memo(f"scaler_protocol.scaled.{id(body)}", lambda m: _scaled(m, body))
+
+
+def _scaled(model: Model, body: Body) -> list[ScaledBackward]:
     found = []
     for site in body.sites:
         scaler = scaler_of_backward(model, site)
         if scaler is not None:
             found.append(ScaledBackward(site, scaler))
-    return found
+    for call in body.scope.calls:
+        if body.contains(call.stmt):
+            helper = _helper_scaler(model, call)
+            if helper is not None:
+                scaler, inner = helper
+                site = Site("backward", call.call, call.stmt)
+                found.append(ScaledBackward(site, scaler, True, inner))
+    return sorted(found, key=lambda sb: sb.site.stmt.order)
+
+
+def _helper_scaler(model: Model, call) -> tuple[str, frozenset] | None:
+    """The scaler, as the caller names it, of a module function that only runs a scaled backward
+    (`self.training_step(batch)` doing `self.scaler.scale(loss).backward()`). A function that
+    also unscales or steps keeps the protocol to itself, and is judged as its own body."""
+    callee = model.local_function(call.call.func, call.stmt.scope)
+    if callee is None or callee is call.stmt.scope:
+        return None
+    sites = model.sites[id(callee)]
+    if any(s.kind in (*UNSCALING, "opt_step", "scaler_update") for s in sites):
+        return None
+    for site in sites:
+        scaler = scaler_of_backward(model, site)
+        if scaler is None:
+            continue
+        named = _as_the_caller_names(model, callee, call, scaler)
+        return (named, conditions_of(site.stmt, callee.node)) if named else None
+    return None
+
+
+def _as_the_caller_names(model: Model, callee: Scope, call, scaler: str) -> str | None:
+    """`self.scaler` in a method of the caller's class, a module-level name, or what the call
+    passes for the parameter (`backward(loss, amp_scaler)` for `def backward(loss, scaler)`)."""
+    head = scaler.split(".", 1)[0]
+    if head == "self":
+        return scaler if callee.class_name == call.stmt.scope.class_name else None
+    if head not in callee.params:
+        return scaler if head not in callee.defs else None
+    passed = _argument(callee, call.call, head)
+    name = dotted(passed) if passed is not None else None
+    if name and model.scaler_role(name, call.stmt.scope) != "disabled":
+        return name + scaler[len(head) :]
+    return None
+
+
+def _argument(callee: Scope, call: cst.Call, param: str) -> cst.BaseExpression | None:
+    """What `call` passes for `param` of the function `callee`."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == param:
+            return arg.value
+    names = list(callee.params)
+    if callee.class_name is not None and names and names[0] in ("self", "cls"):
+        names = names[1:]
+    positional_args = [a.value for a in call.args if a.keyword is None and not a.star]
+    index = names.index(param)
+    return positional_args[index] if index < len(positional_args) else None
 
 
 # same-module helpers the body calls ---------------------------------------------------------------
@@ -189,7 +263,7 @@ def _kinds_of(model: Model, scope: Scope, depth: int, seen: set[int]) -> set[str
     return kinds
 
 
-def _helper_stmts(model: Model, body: Body, *kinds: str) -> list[Stmt]:
+def helper_stmts(model: Model, body: Body, *kinds: str) -> list[Stmt]:
     return [stmt for stmt, held in helper_calls(model, body) if held & set(kinds)]
 
 
@@ -221,14 +295,15 @@ def _stepped_by_scaler(model: Model, body: Body, step: Site) -> bool:
         if site.kind == "scaler_step" and site.call is not None and positional(site.call):
             if code(positional(site.call)[0]) == step.receiver:
                 return True
-    return bool(_helper_stmts(model, body, "scaler_step"))
+    return bool(helper_stmts(model, body, "scaler_step"))
 
 
 def _feeding(body: Body, step: Site, scaled: list[ScaledBackward]) -> list[ScaledBackward]:
     """The scaled backwards whose gradients this step applies: those since the previous step on
     its path (all of the path's, when it is the first step: they come from the last iteration),
     unless an unscaled backward is the one right before the step (a second, fp32 model)."""
-    path = [s for s in body.sites if same_path(s.stmt, step.stmt)]
+    sites = sorted(body.sites + [sb.site for sb in scaled if sb.via_helper], key=_order)
+    path = [s for s in sites if same_path(s.stmt, step.stmt)]
     before = [s for s in path if s.stmt.order < step.stmt.order]
     since = []
     for s in reversed(before):
@@ -244,10 +319,14 @@ def _feeding(body: Body, step: Site, scaled: list[ScaledBackward]) -> list[Scale
     return [by_site[id(s)] for s in backwards if id(s) in by_site]
 
 
+def _order(site: Site) -> int:
+    return site.stmt.order
+
+
 def _may_reach(model: Model, scaled: ScaledBackward, step: Site) -> bool:
     """False when the optimizer visibly trains other models than the scaled loss comes from."""
     trained = optimizer_models(model, step.receiver)
-    flow = model.flow(scaled.site)
+    flow = None if scaled.via_helper else model.flow(scaled.site)
     if not trained or flow is None or not flow.models:
         return True
     return any(_related(a, b) for a in trained for b in flow.models)
@@ -303,7 +382,7 @@ def updates(model: Model, body: Body, scaler: str) -> list[Stmt]:
     """The statements that update `scaler`: its `update()` calls and calls of module helpers
     that update a scaler."""
     own = [s.stmt for s in body.sites if s.kind == "scaler_update" and s.receiver == scaler]
-    return own + _helper_stmts(model, body, "scaler_update")
+    return own + helper_stmts(model, body, "scaler_update")
 
 
 def covering_update(model: Model, body: Body, step: Stmt, scaler: str) -> Stmt | None:
@@ -338,7 +417,7 @@ def missing_updates(model: Model, body: Body) -> list[MissingUpdate]:
             continue  # the engine's optimizer updates the scaler itself
         if covering_update(model, body, site.stmt, site.receiver) is not None:
             continue
-        if body.loop is None and _updated_anywhere(model, site.receiver):
+        if not body.repeats and _updated_anywhere(model, site.receiver):
             continue  # a wrapper's caller may update through another method
         anchor = update_anchor(model, body, site.receiver, site.stmt)
         group = groups.get(id(anchor))
@@ -383,145 +462,41 @@ def has_update(model: Model, body: Body, scaler: str) -> bool:
     return bool(updates(model, body, scaler))
 
 
-# ACL104: clips of still-scaled gradients ---------------------------------------------------------
-def is_torch_clip(model: Model, site: Site) -> bool:
-    """`torch.nn.utils.clip_grad_norm_` / `clip_grad_value_` under any import spelling; not an
-    engine's or a module's own `clip_grad_norm_` method (which unscale or shard themselves)."""
-    if site.kind != "clip" or site.call is None:
-        return False
-    func = site.call.func
-    qual = model.imports.qualify(func) or ""
-    if last_part(qual) not in _CLIP_NAMES:
-        return False
-    if qual.startswith("torch.nn.utils."):
-        return True
-    return isinstance(func, cst.Name) and model.local_function(func, site.stmt.scope) is None
+# --show-loops -----------------------------------------------------------------------------------
+def describe(model: Model, node: cst.CSTNode) -> dict | None:
+    """What the scaler rules understood about the body of a loop: its scaled backwards, the
+    scaler steps and whether an update follows each in every iteration, its unscales, and the
+    optimizer steps that bypass the scaler."""
+    body = next((b for b in bodies(model) if b.node is node), None)
+    if body is None or not (scaled_backwards(model, body) or _scaler_sites(body)):
+        return None
+    line = model.line
+    steps = [s for s in body.sites if s.kind == "scaler_step" and s.call is not None]
+    return {
+        "scaled_backwards": [
+            {"line": line(sb.site.call), "scaler": sb.scaler, "through_function": sb.via_helper}
+            for sb in scaled_backwards(model, body)
+        ],
+        "scaler_steps": [
+            {
+                "line": line(s.call),
+                "code": code(s.call),
+                "updated_every_iteration": covering_update(model, body, s.stmt, s.receiver or "")
+                is not None,
+            }
+            for s in steps
+        ],
+        "unscales": [{"line": line(s.call), "code": code(s.call)} for s in _unscales(body)],
+        "steps_bypassing_the_scaler": [
+            {"line": line(b.site.call), "code": code(b.site.call), "scaler": b.scaled.scaler}
+            for b in bypassing_steps(model, body)
+        ],
+    }
 
 
-def unscaled_clips(model: Model, body: Body) -> list[ScaledClip]:
-    """Torch clips after a scaled backward on their path with no `unscale_` (or `scaler.step`, or
-    a helper doing either) between the two, on every way from one to the other."""
-    scaled = scaled_backwards(model, body)
-    if not scaled:
-        return []
-    unscaling = [s.stmt for s in body.sites if s.kind in _UNSCALING]
-    unscaling += _helper_stmts(model, body, *_UNSCALING)
-    found = []
-    for site in body.sites:
-        if not is_torch_clip(model, site):
-            continue
-        before = [
-            sb
-            for sb in scaled
-            if sb.site.stmt.order < site.stmt.order and same_path(sb.site.stmt, site.stmt)
-        ]
-        bare = [
-            sb for sb in before if not _unscaled_between(body, sb.site.stmt, site.stmt, unscaling)
-        ]
-        if bare:
-            found.append(ScaledClip(site, body, bare[-1]))
-    return found
+def _scaler_sites(body: Body) -> list[Site]:
+    return [s for s in body.sites if s.kind in ("scaler_step", "scaler_update", "unscale")]
 
 
-def _unscaled_between(body: Body, backward: Stmt, clip: Stmt, unscaling: list[Stmt]) -> bool:
-    """An unscaling statement between the two that runs whenever both do: `if amp: backward;
-    unscale_` and `if clip: unscale_; clip(...)` both count, `if log: unscale_` does not."""
-    allowed = body.conditions(backward) | body.conditions(clip)
-    for stmt in unscaling:
-        if backward.order < stmt.order < clip.order:
-            if same_path(stmt, backward) and same_path(stmt, clip):
-                if body.conditions(stmt) <= allowed:
-                    return True
-    return False
-
-
-def unscale_target(model: Model, clip: ScaledClip) -> str | None:
-    """The optimizer to unscale before a clip: the one of the next `scaler.step(...)` of the same
-    scaler on the clip's path."""
-    for site in clip.body.sites:
-        if site.kind != "scaler_step" or site.receiver != clip.scaled.scaler:
-            continue
-        if site.stmt.order > clip.site.stmt.order and same_path(site.stmt, clip.site.stmt):
-            args = positional(site.call) if site.call is not None else []
-            return code(args[0]) if args else None
-    return None
-
-
-# ACL104 under an engine -------------------------------------------------------------------------
-@dataclass(eq=False)
-class EngineClip:
-    """A torch clip after an Accelerate / guard engine backward whose precision may be fp16, or
-    in a file that configures FSDP."""
-
-    site: Site
-    engine: str  # the engine expression the backward uses
-    precision: str | None  # "fp16", or None when not statically known
-    fsdp: bool
-    # Only the first flagged clip of a path gets a fix: once it unscales, the later ones are
-    # judged again (a second unscale before `update()` would raise).
-    first: bool = True
-
-
-def engine_clips(model: Model, body: Body) -> list[EngineClip]:
-    if body.loop is None:
-        return []
-    fsdp = fsdp_configured(model)
-    backwards = []
-    for site in body.sites:
-        if site.kind != "engine_backward":
-            continue
-        engine = model.engine_for(site.receiver, site.stmt.scope)
-        if engine is not None and engine.kind in ("accelerate", "guard"):
-            backwards.append((site, engine))
-    # `accelerator.clip_grad_norm_` unscales too: a torch clip after it sees true gradients.
-    unscaling = [s.stmt for s in body.sites if s.kind == "unscale" or _engine_clip(model, s)]
-    unscaling += _helper_stmts(model, body, "unscale")
-    found: list[EngineClip] = []
-    for site in body.sites:
-        if not is_torch_clip(model, site):
-            continue
-        for backward, engine in reversed(backwards):
-            if backward.stmt.order > site.stmt.order or not same_path(backward.stmt, site.stmt):
-                continue
-            if _unscaled_between(body, backward.stmt, site.stmt, unscaling):
-                break
-            precision = engine_precision(engine)
-            if precision in ("fp16", None) or fsdp:
-                first = not any(same_path(f.site.stmt, site.stmt) for f in found)
-                name = backward.receiver or engine.name
-                found.append(EngineClip(site, name, precision, fsdp, first))
-            break
-    return found
-
-
-def _engine_clip(model: Model, site: Site) -> bool:
-    return site.kind == "clip" and site.call is not None and not is_torch_clip(model, site)
-
-
-def engine_precision(engine) -> str | None:
-    """The engine's mixed precision when statically known: its literal argument, or the guard
-    engine's default `"no"` when it is given none."""
-    if engine.mixed_precision is not None:
-        return engine.mixed_precision
-    call = engine.node
-    if engine.kind == "guard" and isinstance(call, cst.Call):
-        given = any(
-            a.star or (a.keyword and a.keyword.value == "mixed_precision") for a in call.args
-        )
-        if not given and not positional(call):
-            return "no"
-    return None
-
-
-def fsdp_configured(model: Model) -> bool:
-    """An FSDP plugin in the file: `FullyShardedDataParallelPlugin(...)` or `fsdp_plugin=`."""
-    return model.memo("scaler_protocol.fsdp", _find_fsdp)
-
-
-def _find_fsdp(model: Model) -> bool:
-    for call in model.calls:
-        if last_part(model.imports.qualify(call.call.func)) == "FullyShardedDataParallelPlugin":
-            return True
-        if any(a.keyword is not None and a.keyword.value == "fsdp_plugin" for a in call.call.args):
-            return True
-    return False
+def _unscales(body: Body) -> list[Site]:
+    return [s for s in body.sites if s.kind == "unscale" and s.call is not None]

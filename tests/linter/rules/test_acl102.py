@@ -304,3 +304,24 @@ def test_with_acl103_exactly_one_update_is_inserted():
         "    opt_g.step()\n", "    scaler.step(opt_g)\n    scaler.update()\n"
     )
     assert fix_text(outcome.text, analyse, unsafe=False).text == outcome.text
+
+
+def test_scaled_backward_in_a_method_the_loop_calls(acl102, at):
+    source = """
+    class Trainer:
+        def training_step(self, batch):
+            self.scaler.scale(self.model(**batch).loss).backward()
+
+        def fit(self, loader):
+            for batch in loader:
+                self.training_step(batch)
+                self.optimizer.step()
+                self.optimizer.zero_grad()
+    """
+    assert acl102.findings(source) == [("ACL102", *at(source, "self.optimizer.step()"))]
+    expected = (
+        "            self.scaler.step(self.optimizer)\n"
+        "            self.scaler.update()\n"
+        "            self.optimizer.zero_grad()\n"
+    )
+    assert expected in acl102.fixed(source)

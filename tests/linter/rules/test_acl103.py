@@ -280,3 +280,17 @@ def test_timm_style_wrapper_is_clean(acl103):
         opt.zero_grad()
     """
     assert acl103.findings(source) == []
+
+
+def test_update_under_a_second_if_with_the_same_test_is_clean(acl103):
+    source = """
+    for x, y in dl:
+        scaler.scale(crit(model(x), y)).backward()
+        if use_amp:
+            scaler.step(opt)
+        else:
+            opt.step()
+        if use_amp:
+            scaler.update()
+    """
+    assert acl103.findings(source) == []

@@ -539,3 +539,110 @@ def test_torch_clip_after_the_engine_clip_is_clean(acl104):
         opt.step()
     """
     assert acl104.findings(source) == []
+
+
+# --- scaled backwards in a function of the module -----------------------------------------
+
+
+def test_backward_helper_then_clip_in_the_loop(acl104, at):
+    source = """
+    def backward(loss, scaler):
+        scaler.scale(loss).backward()
+
+    def train(model, dl, opt, amp_scaler):
+        for x, y in dl:
+            backward(crit(model(x), y), amp_scaler)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            amp_scaler.step(opt)
+            amp_scaler.update()
+    """
+    assert acl104.findings(source) == [("ACL104", *at(source, "torch.nn.utils.clip"))]
+    assert "        amp_scaler.unscale_(opt)\n        torch.nn.utils.clip" in acl104.fixed(source)
+
+
+def test_clip_in_the_branch_opposite_to_the_scaler_step_is_clean(acl104):
+    """The loss went through a helper that scales it only when there is a scaler; the loop's
+    `else` branch (no scaler) clips fp32 gradients."""
+    source = """
+    def backward(loss, scaler):
+        if scaler is not None:
+            scaler.scale(loss).backward()
+        else:
+            loss.backward()
+
+    def train_one_epoch(model, dl, opt, scaler, max_norm):
+        for x, y in dl:
+            backward(crit(model(x), y), scaler)
+            if scaler is not None:
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+                scaler.step(opt)
+                scaler.update()
+            else:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+                opt.step()
+    """
+    assert acl104.findings(source) == []
+
+
+def test_helper_that_unscales_itself_is_clean(acl104):
+    source = """
+    def backward_and_unscale(loss, scaler, opt):
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+
+    for x, y in dl:
+        backward_and_unscale(crit(model(x), y), scaler, opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+    """
+    assert acl104.findings(source) == []
+
+
+def test_unscale_under_the_same_test_as_the_scaled_backward_is_clean(acl104):
+    source = """
+    for x, y in dl:
+        loss = crit(model(x), y)
+        if amp:
+            scaler.scale(loss).backward()
+        else:
+            loss.backward()
+        if amp:
+            scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if amp:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+    """
+    assert acl104.findings(source) == []
+
+
+def test_trainer_whose_step_method_scales_under_the_amp_flag_is_clean(acl104):
+    """The per-batch method scales only `if self.use_amp:`, and the loop unscales under the same
+    test before it clips."""
+    source = """
+    class Trainer:
+        def training_step(self, batch):
+            loss = self.model(**batch).loss
+            if self.use_amp:
+                self.scaler.scale(loss).backward()
+            else:
+                loss.backward()
+
+        def train(self, loader):
+            for step, batch in enumerate(loader):
+                self.training_step(batch)
+                if (step + 1) % self.accum == 0:
+                    if self.use_amp:
+                        self.scaler.unscale_(self.optimizer)
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+                    if self.use_amp:
+                        self.scaler.step(self.optimizer)
+                        self.scaler.update()
+                    else:
+                        self.optimizer.step()
+    """
+    assert acl104.findings(source) == []

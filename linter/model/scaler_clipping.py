@@ -1,0 +1,202 @@
+"""ACL104's questions: which torch clips see gradients still multiplied by the loss scale.
+
+Raw loops: a clip reached from a scaled backward with nothing unscaling in between on its path.
+Accelerate / guard engine loops: a torch clip after the engine's backward when the precision may
+be fp16, or in a file that configures FSDP (where torch's clip computes a per-shard norm).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from linter.model.cst_util import code, last_part, positional
+from linter.model.functions import Stmt
+from linter.model.loops import Site, same_path
+from linter.model.scaler_protocol import (
+    UNSCALING,
+    Body,
+    ScaledBackward,
+    bodies,
+    helper_stmts,
+    scaled_backwards,
+)
+
+if TYPE_CHECKING:
+    from linter.model import Model
+
+__all__ = ["bodies", "ScaledClip", "EngineClip", "unscaled_clips", "engine_clips"]
+_CLIP_NAMES = {"clip_grad_norm_", "clip_grad_value_", "clip_grad_norm"}
+
+
+@dataclass(eq=False)
+class ScaledClip:
+    """A torch clip reached from a scaled backward with nothing unscaling in between (ACL104)."""
+
+    site: Site
+    body: Body
+    scaled: ScaledBackward
+
+
+# ACL104: clips of still-scaled gradients ---------------------------------------------------------
+def is_torch_clip(model: Model, site: Site) -> bool:
+    """`torch.nn.utils.clip_grad_norm_` / `clip_grad_value_` under any import spelling; not an
+    engine's or a module's own `clip_grad_norm_` method (which unscale or shard themselves)."""
+    if site.kind != "clip" or site.call is None:
+        return False
+    func = site.call.func
+    qual = model.imports.qualify(func) or ""
+    if last_part(qual) not in _CLIP_NAMES:
+        return False
+    if qual.startswith("torch.nn.utils."):
+        return True
+    return isinstance(func, cst.Name) and model.local_function(func, site.stmt.scope) is None
+
+
+def unscaled_clips(model: Model, body: Body) -> list[ScaledClip]:
+    """Torch clips after a scaled backward on their path with no `unscale_` (or `scaler.step`, or
+    a helper doing either) between the two, on every way from one to the other."""
+    scaled = scaled_backwards(model, body)
+    if not scaled:
+        return []
+    unscaling = [s.stmt for s in body.sites if s.kind in UNSCALING]
+    unscaling += helper_stmts(model, body, *UNSCALING)
+    found = []
+    for site in body.sites:
+        if not is_torch_clip(model, site):
+            continue
+        before = [
+            sb
+            for sb in scaled
+            if sb.site.stmt.order < site.stmt.order and same_path(sb.site.stmt, site.stmt)
+        ]
+        bare = [
+            sb
+            for sb in before
+            if not _unscaled_between(body, sb.site.stmt, site.stmt, unscaling, sb.conditions)
+            and not _other_branch_steps(body, site.stmt, sb.scaler)
+        ]
+        if bare:
+            found.append(ScaledClip(site, body, bare[-1]))
+    return found
+
+
+def _other_branch_steps(body: Body, stmt: Stmt, scaler: str) -> bool:
+    """`if scaler is not None: unscale_, clip, scaler.step ... else: clip, opt.step()`: the branch
+    opposite to the one stepping through the scaler is the fp32 path, whatever ran before."""
+    mine = {(id(f.node), f.holds) for f in stmt.frames_inside(body.node) if f.kind == "if"}
+    for site in body.sites:
+        if site.kind in UNSCALING and site.receiver == scaler:
+            for frame in site.stmt.frames_inside(body.node):
+                if frame.kind == "if" and (id(frame.node), not frame.holds) in mine:
+                    return True
+    return False
+
+
+def _unscaled_between(
+    body: Body, backward: Stmt, clip: Stmt, unscaling: list[Stmt], inner=frozenset()
+) -> bool:
+    """An unscaling statement between the two that runs whenever both do: `if amp: backward;
+    unscale_` and `if clip: unscale_; clip(...)` both count, `if log: unscale_` does not.
+    `inner`: what a helper's backward needs inside the helper (`if self.use_amp:`)."""
+    allowed = body.conditions(backward) | body.conditions(clip) | inner
+    for stmt in unscaling:
+        if backward.order < stmt.order < clip.order:
+            if same_path(stmt, backward) and same_path(stmt, clip):
+                if body.conditions(stmt) <= allowed:
+                    return True
+    return False
+
+
+def unscale_target(model: Model, clip: ScaledClip) -> str | None:
+    """The optimizer to unscale before a clip: the one of the next `scaler.step(...)` of the same
+    scaler on the clip's path."""
+    for site in clip.body.sites:
+        if site.kind != "scaler_step" or site.receiver != clip.scaled.scaler:
+            continue
+        if site.stmt.order > clip.site.stmt.order and same_path(site.stmt, clip.site.stmt):
+            args = positional(site.call) if site.call is not None else []
+            return code(args[0]) if args else None
+    return None
+
+
+# ACL104 under an engine -------------------------------------------------------------------------
+@dataclass(eq=False)
+class EngineClip:
+    """A torch clip after an Accelerate / guard engine backward whose precision may be fp16, or
+    in a file that configures FSDP."""
+
+    site: Site
+    engine: str  # the engine expression the backward uses
+    precision: str | None  # "fp16", or None when not statically known
+    fsdp: bool
+    # Only the first flagged clip of a path gets a fix: once it unscales, the later ones are
+    # judged again (a second unscale before `update()` would raise).
+    first: bool = True
+
+
+def engine_clips(model: Model, body: Body) -> list[EngineClip]:
+    if not body.repeats:
+        return []
+    fsdp = fsdp_configured(model)
+    backwards = []
+    for site in body.sites:
+        if site.kind != "engine_backward":
+            continue
+        engine = model.engine_for(site.receiver, site.stmt.scope)
+        if engine is not None and engine.kind in ("accelerate", "guard"):
+            backwards.append((site, engine))
+    # `accelerator.clip_grad_norm_` unscales too: a torch clip after it sees true gradients.
+    unscaling = [s.stmt for s in body.sites if s.kind == "unscale" or _engine_clip(model, s)]
+    unscaling += helper_stmts(model, body, "unscale")
+    found: list[EngineClip] = []
+    for site in body.sites:
+        if not is_torch_clip(model, site):
+            continue
+        for backward, engine in reversed(backwards):
+            if backward.stmt.order > site.stmt.order or not same_path(backward.stmt, site.stmt):
+                continue
+            if _unscaled_between(body, backward.stmt, site.stmt, unscaling):
+                break
+            precision = engine_precision(engine)
+            if precision in ("fp16", None) or fsdp:
+                first = not any(same_path(f.site.stmt, site.stmt) for f in found)
+                name = backward.receiver or engine.name
+                found.append(EngineClip(site, name, precision, fsdp, first))
+            break
+    return found
+
+
+def _engine_clip(model: Model, site: Site) -> bool:
+    return site.kind == "clip" and site.call is not None and not is_torch_clip(model, site)
+
+
+def engine_precision(engine) -> str | None:
+    """The engine's mixed precision when statically known: its literal argument, or the guard
+    engine's default `"no"` when it is given none."""
+    if engine.mixed_precision is not None:
+        return engine.mixed_precision
+    call = engine.node
+    if engine.kind == "guard" and isinstance(call, cst.Call):
+        given = any(
+            a.star or (a.keyword and a.keyword.value == "mixed_precision") for a in call.args
+        )
+        if not given and not positional(call):
+            return "no"
+    return None
+
+
+def fsdp_configured(model: Model) -> bool:
+    """An FSDP plugin in the file: `FullyShardedDataParallelPlugin(...)` or `fsdp_plugin=`."""
+    return model.memo("scaler_protocol.fsdp", _find_fsdp)
+
+
+def _find_fsdp(model: Model) -> bool:
+    for call in model.calls:
+        if last_part(model.imports.qualify(call.call.func)) == "FullyShardedDataParallelPlugin":
+            return True
+        if any(a.keyword is not None and a.keyword.value == "fsdp_plugin" for a in call.call.args):
+            return True
+    return False
