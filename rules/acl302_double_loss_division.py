@@ -13,10 +13,16 @@ RULE = Rule(
     guard_levels=("warning",),
     docs="""\
 ## What it does
-Flags the argument of `accelerator.backward`, `engine.backward` or a DeepSpeed engine's
-`.backward` when it is divided by K (`/`, `/=`, or `* (1 / K)`), K being the value given to the
-engine, `accelerator.gradient_accumulation_steps`, or an accumulation-named expression while
-K > 1 is configured.
+Flags `accelerator.backward(X)`, the guard's `engine.backward(X)` and a DeepSpeed engine's
+`.backward(X)` when the dataflow of X divides it by K on the way (`/`, `/=`, `* (1 / K)`). K is
+the engine's own `gradient_accumulation_steps` (always), or, while the engine is configured to
+accumulate (K given and not a literal 1, also through a `GradientAccumulationPlugin` or a DeepSpeed
+config dict), the value it was given or an expression that spells it: `args.grad_accum`,
+`self.accum`, `cfg["grad_accum"]`, a constant, or a name bound to one. Not flagged: an engine with
+no accumulation in code (the manual division is then the only one), token or item counts
+(`num_items_in_batch`), a path that multiplies K back (`loss * K * W / n_items`), a divided copy
+used only for logging, a division in a branch that does not reach this backward, and the backward
+of Fabric and Lightning's `manual_backward`, which do not divide.
 
 ## Why is this bad?
 Those backward calls already divide by N. Dividing by hand as well weights each micro-batch by
@@ -41,9 +47,11 @@ with accelerator.accumulate(model):
 ```
 
 ## Fix safety
-Safe. The division is removed only when the divided value feeds nothing but the backward call
-(written inline, or a name used once), so no other computation or log line changes. Otherwise the
-rule reports without a fix.
+Safe. The division is removed only when the divided value feeds nothing but the backward call:
+written inline (`accelerator.backward(loss / K)`), or a name read by nothing else
+(`loss = out.loss / K` keeps `loss = out.loss`; `loss /= K` goes). Otherwise the rule reports
+without a fix and names the line to edit. ACL101's fix judges a division by K the same way, so a
+raw backward of a divided loss is fixed with the division removed exactly once.
 
 ## At runtime
 Heuristic: `engine.backward` looks at `loss.grad_fn`, and a root division by N (or multiplication

@@ -12,10 +12,13 @@ RULE = Rule(
     static=True,
     docs="""\
 ## What it does
-Flags a batch loop that calls `accelerator.backward(...)` (or a raw `.backward()` on a loss from a
-prepared model, which ACL101 also reports) without entering `accelerator.accumulate(...)`, directly
-or through a same-module helper, when the Accelerator is given `gradient_accumulation_steps=` other
-than literal 1 or a `GradientAccumulationPlugin`.
+Flags the first backward of a loop that calls `accelerator.backward(...)` / `engine.backward(...)`
+(or a raw `.backward()` of a loss computed by a prepared model, which ACL101 also reports) outside
+any `accumulate(...)` block, when that engine is configured with `gradient_accumulation_steps=`
+other than a literal 1 (or a `GradientAccumulationPlugin` with such `num_steps`). Not flagged: no
+accumulation in code, or a configuration the linter cannot read (`**kwargs`); a backward inside a
+block in its own function or in a caller that calls it from one; a loop that calls a training-step
+helper entering `accumulate()`; a loop that gates its optimizer step on K itself.
 
 ## Why is this bad?
 `accelerator.backward` divides every loss by N, but only `accumulate()` advances the micro-step
@@ -43,10 +46,12 @@ for batch in dl:
 ```
 
 ## Fix safety
-Unsafe. The loop body, from the forward to the optimizer calls, is wrapped in
-`with accelerator.accumulate(<models passed to prepare>):`. The number of optimizer steps then
-drops N-fold, which changes scheduler progress and any logging, evaluation or checkpoint cadence
-keyed on iterations.
+Unsafe. The loop body, from the statement that runs the loss's model to the last optimizer,
+scheduler or clipping call, is wrapped in `with <engine>.accumulate(<prepared models of the
+loss>):`. The number of optimizer steps then drops N-fold, which changes scheduler progress and any
+logging, evaluation or checkpoint cadence keyed on iterations. No fix when the backward is in a
+per-batch function, when no prepared model of the loss is visible, or when re-indenting would change
+a multi-line string.
 
 ## At runtime
 The engine counts micro-steps; with N > 1, the first backward outside any accumulate window raises

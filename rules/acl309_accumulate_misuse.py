@@ -13,10 +13,15 @@ RULE = Rule(
     guard_levels=("error", "warning"),
     docs="""\
 ## What it does
-Flags two or more `accumulate(` entries per loop iteration (in sequence or nested); two or more
-backward calls reachable within one block, including one in an inner loop; an `accumulate()` block
-in a loop over a loader that did not come from `prepare` or that is driven by `next(...)`; and a
-loader loop nested inside the block.
+Flags, once per loop iteration: a second `accumulate(` entry on the same path (in sequence,
+nested, two items of one `with`, or through a helper function that enters one); a backward in a
+loop nested inside the block, or a second backward on the same path whose loss shares a model with
+the first (two engines each backpropagating their own model once are fine); a loader loop nested
+inside the block; and a block in a loop over a loader visibly built by `DataLoader(...)` that never
+went through `prepare`, or over batches drawn with `next(...)`. Loaders returned by `prepare`,
+`prepare_data_loader` or `skip_first_batches(<prepared>)` (also under `enumerate`/`tqdm`, and
+parameters whose callers pass one) are tracked; a loader of unknown origin is not flagged; a
+`GradientAccumulationPlugin(sync_with_dataloader=False)` turns the loader checks off.
 
 ## Why is this bad?
 The micro-step counter ticks once per `accumulate()` entry. (a) One entry per model ticks it twice

@@ -12,8 +12,11 @@ RULE = Rule(
     static=True,
     docs="""\
 ## What it does
-Flags a `weight_decay=` argument, in an optimizer constructor or a parameter-group dict, whose
-expression multiplies or divides by the accumulation value K.
+Flags a `weight_decay=` argument (of an optimizer constructor or any factory) or a
+`"weight_decay":` entry of a parameter-group dict whose expression, or the one its name is bound
+to, multiplies or divides by an expression that spells K (`args.grad_accum`, `self.accum`,
+`cfg["accum_iter"]`, a constant). A K that scales a learning rate inside the expression
+(`wd / (lr * K)`, a coupled/decoupled conversion) is not counted.
 
 ## Why is this bad?
 Accumulation exists to reproduce one optimizer step on the large batch, so every hyperparameter of

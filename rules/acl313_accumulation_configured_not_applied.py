@@ -12,9 +12,13 @@ RULE = Rule(
     static=True,
     docs="""\
 ## What it does
-Flags a name matching the accumulation pattern (`gradient_accumulation_steps`, `grad_accum`, ...)
-that is read in step, learning-rate or batch-size arithmetic while no loop that backpropagates
-gates its optimizer step on it, divides by it, or hands it to an Accelerator or engine.
+Flags the first read of K (`args.gradient_accumulation_steps`, `cfg["grad_accum"]`, `self.accum`,
+a constant) in step, learning-rate or batch-size arithmetic when the module has a loop that
+backpropagates and steps, no loop gates its step (no modulus, counter, micro-step loop or
+`accumulate()`), no engine is configured to accumulate, and K is nowhere else applied: not given
+to an Accelerator, guard engine, `TrainingArguments`, DeepSpeed config or any call the linter
+cannot see into, not used as a modulus, comparison or `range`, not dividing a loss or gradients.
+A K that is only printed or logged (also through a name read only by log calls) is not flagged.
 
 ## Why is this bad?
 The setting is parsed and used to compute the effective batch size, the number of training steps

@@ -86,7 +86,8 @@ def _configurations(model) -> dict[str, Configured]:
             value = engine.accum
             if value is None and isinstance(engine.node, cst.Call):
                 value = _positional_plugin_steps(model, engine.node)
-            known = not (value is None and has_star_kwargs(engine.node))
+            hidden = has_star_kwargs(engine.node) or _opaque_plugin(model, engine.node)
+            known = value is not None or not hidden
             found[name] = Configured(name, engine.kind, value, known)
         elif engine.kind == "deepspeed":
             value = _deepspeed_k(model)
@@ -103,6 +104,13 @@ def _positional_plugin_steps(model, call: cst.Call) -> cst.BaseExpression | None
     if isinstance(plugin, cst.Call) and positional(plugin):
         return positional(plugin)[0]
     return None
+
+
+def _opaque_plugin(model, call) -> bool:
+    """`gradient_accumulation_plugin=plugin` whose `num_steps` cannot be read here."""
+    if not isinstance(call, cst.Call):
+        return False
+    return keyword(call, "gradient_accumulation_plugin") is not None
 
 
 def _deepspeed_k(model) -> cst.BaseExpression | None:
@@ -581,3 +589,29 @@ def next_calls(model, loop: cst.CSTNode, scope: Scope) -> list[CallSite]:
         for c in scope.calls
         if c.func == "next" and innermost_loop(c.stmt.frames) is loop and c.call.args
     ]
+
+
+# --- what --show-loops prints -------------------------------------------------------------
+def describe_loop(model, loop) -> dict:
+    """The accumulation facts the ACL302/306/309/311/313 checks use, for one training loop."""
+    entries = [r for r in accumulate_regions(model) if innermost_loop(r.frames) is loop.node]
+    state = "unknown"
+    if isinstance(loop.node, cst.For):
+        order = min((s.stmt.order for s in loop.sites), default=0)
+        state = loader_state(model, loop.node.iter, loop.scope, order)
+    return {
+        "configured": [
+            {
+                "engine": c.engine,
+                "k": code(c.value) if c.value is not None else None,
+                "accumulates": {True: "yes", False: "no", None: "not statically known"}[
+                    c.accumulates
+                ],
+            }
+            for c in configurations(model).values()
+        ],
+        "accumulate_entries": [{"code": code(r.call), "line": model.line(r.call)} for r in entries],
+        "backwards_in_an_entry": sum(entered_accumulate(model, s.stmt) for s in loop.backwards),
+        "loader": state,
+        "k_reads": sorted({r.kind for r in k_reads(model)}),
+    }

@@ -248,6 +248,19 @@ def test_division_in_a_branch_that_backpropagates_by_hand(acl302):
     assert acl302.findings(source) == []
 
 
+def test_deepspeed_config_out_of_sight(acl302):
+    """A JSON config: its K is unknown, so only the engine's own value counts as K."""
+    source = """
+    import deepspeed
+
+    model_engine, optimizer, _, _ = deepspeed.initialize(args=args, model=model)
+    for batch in dl:
+        model_engine.backward(model_engine(batch).loss / args.grad_accum)
+        model_engine.step()
+    """
+    assert acl302.findings(source) == []
+
+
 def test_backward_calls_that_do_not_divide(acl302):
     source = """
     from lightning.fabric import Fabric

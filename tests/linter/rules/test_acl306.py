@@ -145,6 +145,11 @@ def test_no_accumulation_configured(acl306):
     assert acl306.findings(literal_one) == []
     unknown = ACCELERATE.replace("gradient_accumulation_steps=4", "**accelerator_kwargs")
     assert acl306.findings(unknown) == []
+    opaque_plugin = ACCELERATE.replace(
+        "gradient_accumulation_steps=4",
+        "gradient_accumulation_plugin=GradientAccumulationPlugin(**plugin_kwargs)",
+    )
+    assert acl306.findings(opaque_plugin) == []
 
 
 def test_loop_calls_a_step_helper_that_enters_accumulate(acl306):
