@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from linter.model import Model, TrainingLoop, scaler_protocol
+from linter.model import Model, TrainingLoop, accumulation
 from linter.model.cst_util import code, int_value
 
 # A step function called once per batch is described as kind "step function".
@@ -39,6 +39,7 @@ def _loop(model: Model, loop: TrainingLoop, path: str) -> dict:
         "ddp_models": sorted(model.setup.ddp_models),
         "prepared": {p.original: p.name for p in model.setup.prepared.values()},
         "accumulation": _accumulation(model, loop),
+        "accumulation_windows": accumulation.describe_loop(model, loop),
         "step_branch": _step_branch(model, loop),
         "regions": [
             {"kind": r.kind, "code": code(r.call), "line": _line(model, r.call)}
@@ -48,7 +49,6 @@ def _loop(model: Model, loop: TrainingLoop, path: str) -> dict:
         "every_micro_step": every,
         "update_step_only": update,
         "backwards": [_backward(model, site) for site in loop.backwards],
-        "scaler_protocol": scaler_protocol.describe(model, loop.node),
     }
 
 
