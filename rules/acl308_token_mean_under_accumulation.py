@@ -9,13 +9,21 @@ RULE = Rule(
     severity="warning",
     fix="none",
     runtime="heuristic",
-    static=False,
+    static=True,
     docs="""\
 ## What it does
-Flags a token-level mean loss inside an accumulation loop (`accumulate(` or step gating with
-K > 1): `F.cross_entropy` / `nn.CrossEntropyLoss()` with the default reduction on flattened logits
-or with `ignore_index`, and `.loss` of a causal-LM, seq2seq or token-classification model called
-with `labels=`.
+Flags a token-level mean loss that reaches a backward inside an accumulation window
+(`accumulate()` or a `sync_gradients` gate with an engine K > 1, a step gate `% K` or a counter
+with K > 1, or a micro-step loop): `F.cross_entropy` / `F.nll_loss` / `nn.CrossEntropyLoss()` /
+`nn.NLLLoss()` with the default reduction on flattened logits (`.view(-1, V)`, `.reshape(-1, V)`,
+`.flatten(0, 1)`) or with `ignore_index`, and `.loss` of a causal-LM, seq2seq, masked-LM or
+token-classification model (`AutoModelForCausalLM`, `*ForConditionalGeneration`, ...) called
+with `labels=` or `**batch`. The loss is followed through names, `/ K`, helper functions of the
+module, `prepare` and model wrappers. Not flagged: `reduction="sum"` (or `"none"` then `.sum()`),
+a mean multiplied by its token count, models given `num_items_in_batch=`, sequence-level losses
+(unflattened classification logits), no accumulation, and token means in a module that never
+masks or pads labels (no `ignore_index`, `-100`, padding collator or `padding=`): texts packed
+into blocks of one length have the same token count in every micro-batch, hence no bias.
 
 ## Why is this bad?
 The large-batch objective of a token-level loss is the sum of the token losses divided by the

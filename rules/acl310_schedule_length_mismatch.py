@@ -9,14 +9,28 @@ RULE = Rule(
     severity="error",
     fix="none",
     runtime="heuristic",
-    static=False,
+    static=True,
     guard_levels=("warning",),
     docs="""\
 ## What it does
-Flags a scheduler whose length expression contains `len(X)`, X having been returned by `prepare`
-earlier, when the scheduler is later passed to `prepare` with no `num_processes` compensation and
-no `split_batches=True`; and, with K > 1, a length derived from `len(loader)` that is not divided
-by K.
+Follows the length argument of a scheduler (`num_training_steps` of `get_scheduler` and the
+`get_*_schedule_with_warmup` factories, `total_steps` / `steps_per_epoch` of `OneCycleLR`,
+`T_max` of `CosineAnnealingLR`, `total_iters` of `LinearLR` / `PolynomialLR`) back through the
+names it reads, as bound where the scheduler is built, to the `len(loader)` calls it grows from,
+and flags it (one finding, stating each reason) when:
+
+- the loader came from `prepare(...)` before the `len` was read (a per-process count), the
+  scheduler is later passed to `prepare`, and the length is not multiplied by the number of
+  processes, with neither `split_batches=True` nor `step_scheduler_with_optimizer=False`;
+- with K > 1, the `len(loader)` is not divided by K (or is multiplied back by it:
+  `max_train_steps * K`) while the scheduler advances once per optimizer step (prepared and
+  stepped in an `accumulate()` loop, or stepped on the update step).
+
+Not flagged: lengths computed from the loader before `prepare` (global batches; the values the
+HF examples recompute after `prepare` do not resize a scheduler already built), explicit step
+counts from configuration (`args.max_steps`), unprepared schedulers stepped by hand in the step
+branch and sized in per-process optimizer steps, and schedulers stepped on every micro-step
+(ACL305's finding).
 
 ## Why is this bad?
 With `split_batches=False` (the default) a prepared scheduler steps W times per optimizer step,

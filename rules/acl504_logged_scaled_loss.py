@@ -9,11 +9,18 @@ RULE = Rule(
     severity="warning",
     fix="none",
     runtime="none",
-    static=False,
+    static=True,
     docs="""\
 ## What it does
-Flags `.item()` or a logger call on a name bound to `X / K` or to `scaler.scale(...)`. As a hint,
-it also flags `.item()` on the loss in every iteration of a micro-step loop.
+Flags `.item()` on, or a logger call (`print`, `writer.add_scalar`, `wandb.log`, `logger.info`,
+`accelerator.log`, a progress bar's `set_postfix`, ...) reading, a loss that the loop divided by
+K (`loss = loss / K`, `loss /= K`, `.div(K)`) or bound to `scaler.scale(...)`, when it runs on
+every micro-step. Loss-named values divided by K count also when the backward runs inside a
+helper the linter cannot see. As a hint, it flags `.item()` on the undivided loss on every
+micro-step of a manual accumulation window. Not flagged: a value multiplied back by K, window
+sums (`window += loss.item()`, `window_sum / N`), the loss of `accelerator.backward` (the engine
+divides a copy; `accelerator.gather(loss)` too), and logs on the update step or under a
+log-interval condition (`if step % args.logging_steps == 0:`).
 
 ## Why is this bad?
 The number in the logs is not the training objective. After a manual `/ N` it is N times too small

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from linter.model import Model, TrainingLoop, accumulation
+from linter.model import Model, TrainingLoop, accumulation, scaler_protocol
 from linter.model.cst_util import code, int_value
 
 # A step function called once per batch is described as kind "step function".
@@ -49,6 +49,7 @@ def _loop(model: Model, loop: TrainingLoop, path: str) -> dict:
         "every_micro_step": every,
         "update_step_only": update,
         "backwards": [_backward(model, site) for site in loop.backwards],
+        "scaler_protocol": scaler_protocol.describe(model, loop.node),
     }
 
 

@@ -1,0 +1,69 @@
+"""ACL310: a scheduler sized in per-process batches, or in micro-batches under accumulation."""
+
+from __future__ import annotations
+
+from linter.model.cst_util import code
+from linter.model.schedules import (
+    accumulation_value,
+    prepare_engine,
+    schedules,
+    splits_batches,
+    steps_apart_from_optimizer,
+    steps_per_update,
+)
+
+
+def check(ctx) -> None:
+    """Report each schedule whose length counts the wrong thing (one finding, both reasons)."""
+    model = ctx.model
+    for schedule in schedules(model):
+        reasons = [r for r in (_per_process(ctx, schedule), _micro_batches(ctx, schedule)) if r]
+        if reasons:
+            ctx.report(
+                schedule.length,
+                f"`{schedule.parameter}` of `{schedule.name}`: " + "; and ".join(reasons),
+            )
+
+
+def _per_process(ctx, schedule) -> str | None:
+    """A per-process `len(loader)` in a scheduler that `prepare` wraps: the wrapper steps it
+    W times per optimizer step. Not with `split_batches=True` or
+    `step_scheduler_with_optimizer=False` (one step per call), nor when the length is multiplied
+    by the number of processes; an unprepared scheduler stepped by hand counts per-process
+    steps, which is right for it."""
+    model = ctx.model
+    if schedule.prepare is None or splits_batches(model) or steps_apart_from_optimizer(model):
+        return None
+    for found in schedule.loader_lengths:
+        if found.per_process and found.w_power <= 0:
+            engine = prepare_engine(schedule.prepare) or "accelerator"
+            return (
+                f"`{code(found.call)}` counts the batches of one process (`{found.loader}` "
+                f"comes from `prepare`), but the scheduler prepared at line "
+                f"{ctx.line_of(schedule.prepare)} steps `{engine}.num_processes` times per "
+                "optimizer step, so the schedule ends that many times too early. Compute the "
+                f"length from the loader before `prepare`, or multiply it by "
+                f"`{engine}.num_processes`"
+            )
+    return None
+
+
+def _micro_batches(ctx, schedule) -> str | None:
+    """A `len(loader)`-based length not divided by K, for a scheduler that advances once per
+    optimizer step. A scheduler stepped on every micro-step is ACL305's finding (and then a
+    length in micro-batches matches it)."""
+    model = ctx.model
+    for loop, site in schedule.steps:
+        k = accumulation_value(model, loop)
+        if k is None or not steps_per_update(model, schedule, loop, site):
+            continue
+        for found in schedule.loader_lengths:
+            if found.k_power >= 0:
+                return (
+                    f"the length counts micro-batches (`{code(found.call)}` is not divided by "
+                    f"K = `{code(k)}`, or is multiplied back by it), but the scheduler steps once "
+                    f"per optimizer step (line {ctx.line_of(site.call)}), so it runs K times too "
+                    "slowly and never reaches its end. Count optimizer steps: "
+                    f"`math.ceil({code(found.call)} / {code(k)})` per epoch"
+                )
+    return None

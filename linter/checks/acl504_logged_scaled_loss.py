@@ -1,0 +1,36 @@
+"""ACL504: a per-micro-step log of a loss divided by K or multiplied by the loss scale."""
+
+from __future__ import annotations
+
+from linter.model.cst_util import code
+from linter.model.logged_losses import DIVIDED, SCALED, logged_losses
+
+
+def check(ctx) -> None:
+    """Report each logging statement once, at its logger call (else its `.item()`)."""
+    for logged in logged_losses(ctx.model):
+        ctx.report(logged.node, _message(ctx, logged))
+
+
+def _message(ctx, logged) -> str:
+    name = f"`{logged.name}`"
+    k = f"`{code(logged.k)}`" if logged.k is not None else "K"
+    if logged.kind == DIVIDED:
+        return (
+            f"{name} is logged after line {ctx.line_of(logged.binding.node)} divided it by K = "
+            f"{k} for the backward: the logged value is K times smaller than the loss, so runs "
+            f"with accumulation look better than runs without. Log the undivided loss (or "
+            f"multiply it back by {k}), summed over the window and logged once per optimizer step"
+        )
+    if logged.kind == SCALED:
+        return (
+            f"{name} holds `scaler.scale(...)` of the loss (line "
+            f"{ctx.line_of(logged.binding.node)}): the logged value is the loss times the "
+            "current loss scale (65536 at the start). Log the loss before scaling it"
+        )
+    return (
+        f"hint: `{logged.name}.item()` runs on every micro-step of a window of K = {k}: each "
+        "call waits for the device, and the value is one micro-batch's loss. Add "
+        f"`{logged.name}.detach()` to a window sum and call `.item()` once per optimizer step "
+        "(under the step gate or a log interval)"
+    )

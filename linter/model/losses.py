@@ -1,0 +1,352 @@
+"""What kind of loss feeds a backward: is it a token-level mean of each micro-batch (ACL308)?
+
+Read off the loss's bindings in its function (and in the module's helper functions it calls).
+A token mean is `F.cross_entropy` / `nn.CrossEntropyLoss()` (or `nll_loss`) with the default
+reduction on flattened logits or with `ignore_index`, or `.loss` of a causal-LM, seq2seq,
+masked-LM or token-classification model called with labels. A sum (`reduction="sum"`, or
+`"none"` then `.sum()`), a mean re-weighted by its token count, a model handed
+`num_items_in_batch=` and a sequence-level loss (classification logits, not flattened) are not.
+
+Which logged values are a loss divided by K or scaled (ACL504) is `logged_losses.py`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from linter.model.cst_util import (
+    code,
+    dotted,
+    keyword,
+    last_part,
+    method_call,
+    positional,
+    string_value,
+    strip_parens,
+    walk,
+)
+from linter.model.functions import Scope, Stmt
+
+if TYPE_CHECKING:
+    from linter.model import Gate, Model, Site
+
+_TOKEN_LOSS_FUNCTIONS = {"torch.nn.functional.cross_entropy", "torch.nn.functional.nll_loss"}
+_TOKEN_LOSS_CLASSES = {"CrossEntropyLoss", "NLLLoss"}
+# Heads whose `.loss` is a mean over the valid tokens of the batch.
+_TOKEN_LEVEL_MODEL = re.compile(
+    r"(ForCausalLM|LMHeadModel|ForSeq2SeqLM|ForConditionalGeneration|ForTokenClassification"
+    r"|ForMaskedLM|WithLMHead|ForPreTraining|ForSpeechSeq2Seq)$"
+)
+_LOADERS = {"from_pretrained", "from_config", "_from_config"}
+_WRAPPERS = {"to", "cuda", "cpu", "half", "float", "bfloat16", "train"}
+_PASS_METHODS = {"mean", "float", "double", "half", "bfloat16", "to", "squeeze", "clone", "cuda"}
+# A factor that turns a per-batch mean back into a sum: a token or item count of the batch.
+_COUNT = re.compile(r"tok|item|count|mask|\.sum\(|numel|n_valid|valid", re.I)
+_K_NAME = re.compile(r"grad(ient)?_?acc|accum", re.I)
+_MAX_DEPTH = 6
+
+
+@dataclass(frozen=True)
+class TokenMean:
+    """A token-level mean loss on the path to a backward."""
+
+    node: cst.CSTNode  # the loss call, or the `.loss` read of the model output
+    what: str  # how the finding names it
+    stmt: Stmt
+    ignore_index: bool = False  # the loss itself skips some targets: counts vary by batch
+
+
+def token_means(model: Model, site: Site) -> list[TokenMean]:
+    """The token-level means that flow into this backward's loss, when the number of valid
+    tokens can differ between micro-batches: the loss names an `ignore_index`, or the module
+    masks or pads labels (`-100`, a padding collator, `padding=`). Texts packed into blocks of
+    one length (the HF `group_texts` scripts) give every micro-batch the same count: no bias."""
+    loss = model.loss_expr(site)
+    if loss is None:
+        return []
+    found = _TokenMeans(model).of(loss, site.stmt.scope, site.stmt.order, site.stmt, 0)
+    if not model.memo("labels_may_be_masked", _labels_may_be_masked):
+        found = [t for t in found if t.ignore_index]
+    return found
+
+
+_MASKING_KEYWORDS = {"ignore_index", "label_pad_token_id", "ignore_pad_token_for_loss", "padding"}
+_MASKING_NAMES = re.compile(r"^(DataCollatorFor\w+|DataCollatorWithPadding|pad_sequence)$")
+
+
+def _labels_may_be_masked(model: Model) -> bool:
+    """Whether the module masks or pads labels anywhere (evidence that valid-token counts vary)."""
+    for scope in model.scopes:
+        for stmt in scope.stmts:
+            for node in walk(stmt.node):
+                if isinstance(node, cst.Arg) and node.keyword is not None:
+                    if node.keyword.value in _MASKING_KEYWORDS:
+                        return True
+                elif isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+                    if isinstance(node.expression, cst.Integer) and node.expression.value == "100":
+                        return True
+                elif isinstance(node, (cst.Name, cst.Attribute)):
+                    if _MASKING_NAMES.match(last_part(dotted(node))):
+                        return True
+    return False
+
+
+def accumulates(model: Model, gate: Gate | None) -> bool:
+    """Whether the gate makes a window of more than one micro-batch: an `accumulate()` or
+    `sync_gradients` gate with an engine K, a modulo/counter gate with K > 1 (or a K read at
+    run time), or a micro-step loop."""
+    if gate is None:
+        return False
+    if gate.kind in ("accumulate", "sync"):
+        k = gate.k if gate.k is not None else model.engine_k()
+    elif gate.kind == "micro-loop":
+        return gate.k is None or not _at_most_one(gate.k)
+    else:
+        k = gate.k
+    return k is not None and not _at_most_one(k)
+
+
+def _at_most_one(k: cst.BaseExpression) -> bool:
+    return isinstance(k, cst.Integer) and int(k.value, 0) <= 1
+
+
+class _TokenMeans:
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.seen: set[int] = set()
+
+    def of(self, node, scope: Scope, order: int, stmt: Stmt, depth: int) -> list[TokenMean]:
+        if depth > _MAX_DEPTH or id(node) in self.seen:
+            return []
+        self.seen.add(id(node))
+        node = strip_parens(node)
+        if isinstance(node, cst.BinaryOperation):
+            return self._binary(node, scope, order, stmt, depth)
+        if isinstance(node, cst.IfExp):
+            arms = (node.body, node.orelse)
+            return [t for a in arms for t in self.of(a, scope, order, stmt, depth + 1)]
+        if isinstance(node, cst.UnaryOperation):
+            return self.of(node.expression, scope, order, stmt, depth + 1)
+        if isinstance(node, cst.Call):
+            return self._call(node, scope, order, stmt, depth)
+        if _reads_loss_field(node):
+            return self._model_loss(node, scope, order, stmt, depth)
+        text = dotted(node)
+        if text is not None:
+            return self._name(text, scope, order, depth)
+        return []
+
+    def _binary(self, node, scope, order, stmt, depth) -> list[TokenMean]:
+        if isinstance(node.operator, (cst.Add, cst.Subtract)):
+            sides = (node.left, node.right)
+            return [t for s in sides for t in self.of(s, scope, order, stmt, depth + 1)]
+        if isinstance(node.operator, cst.Multiply):
+            if any(_COUNT.search(code(side)) for side in (node.left, node.right)):
+                return []  # `mean * n_tokens / window_tokens`: re-weighted into a sum
+            sides = (node.left, node.right)
+            return [t for s in sides for t in self.of(s, scope, order, stmt, depth + 1)]
+        if isinstance(node.operator, (cst.Divide, cst.FloorDivide)):
+            return self.of(node.left, scope, order, stmt, depth + 1)  # `/ K` keeps a mean
+        return []
+
+    def _name(self, text: str, scope: Scope, order: int, depth: int) -> list[TokenMean]:
+        defs = scope.defs_before(text, order)
+        if not defs:
+            if text in scope.params:
+                sites = self.model.argument_sites(scope, text)
+                return [t for e, s in sites for t in self.of(e, s.scope, s.order, s, depth + 1)]
+            return []
+        d = defs[-1]
+        if d.op == "=" and d.tuple_index is None:
+            return self.of(d.value, d.stmt.scope, d.stmt.order, d.stmt, depth + 1)
+        if d.op in ("/=", "*="):
+            if d.op == "*=" and _COUNT.search(code(d.value)):
+                return []
+            return self._name(text, scope, d.stmt.order, depth + 1)
+        if d.op == "=" and d.tuple_index is not None and isinstance(d.value, cst.Call):
+            callee = self.model.local_function(d.value.func, d.stmt.scope)
+            if callee is not None:
+                return self._returns(callee, depth, d.tuple_index)
+        return []
+
+    def _returns(self, callee: Scope, depth: int, index: int | None) -> list[TokenMean]:
+        found = []
+        for value, stmt in callee.returns:
+            value = strip_parens(value)
+            if index is not None:
+                if not isinstance(value, cst.Tuple) or index >= len(value.elements):
+                    continue
+                value = value.elements[index].value
+            found.extend(self.of(value, callee, stmt.order + 1, stmt, depth + 1))
+        return found
+
+    def _call(self, node: cst.Call, scope, order, stmt, depth) -> list[TokenMean]:
+        if _has_keyword(node, "num_items_in_batch"):
+            return []  # normalised by the window's item count
+        qual = self.model.imports.qualify(node.func) or ""
+        if qual in _TOKEN_LOSS_FUNCTIONS:
+            return self._loss_function(node, qual, stmt)
+        loss_class = self._loss_class(node.func, scope, order)
+        if loss_class is not None:
+            return self._loss_object(node, loss_class, stmt)
+        pair = method_call(node)
+        if pair is not None and pair[1] in _PASS_METHODS:
+            return self.of(pair[0], scope, order, stmt, depth + 1)
+        callee = self.model.local_function(node.func, scope)
+        if callee is not None:
+            return self._returns(callee, depth, None)
+        return []
+
+    def _loss_function(self, node: cst.Call, qual: str, stmt: Stmt) -> list[TokenMean]:
+        if not _mean_reduction(keyword(node, "reduction")):
+            return []
+        ignoring = _has_keyword(node, "ignore_index")
+        if ignoring or self._flattened_inputs(node, stmt):
+            what = f"`{last_part(qual)}` with the default mean"
+            return [TokenMean(node, what, stmt, ignoring)]
+        return []
+
+    def _loss_object(self, node: cst.Call, built: cst.Call, stmt: Stmt) -> list[TokenMean]:
+        if not _mean_reduction(keyword(built, "reduction")):
+            return []
+        ignoring = _has_keyword(built, "ignore_index")
+        if ignoring or self._flattened_inputs(node, stmt):
+            name = last_part(dotted(built.func))
+            what = f"`{code(node.func)}` (a `{name}` with the mean)"
+            return [TokenMean(node, what, stmt, ignoring)]
+        return []
+
+    def _flattened_inputs(self, call: cst.Call, stmt: Stmt) -> bool:
+        """Logits flattened over batch and time, or targets flattened to one dimension, in
+        the call or in the binding of the name it is handed (`shift_logits = ....view(-1, V)`)."""
+        args = positional(call)[:2] + [keyword(call, "input"), keyword(call, "target")]
+        for arg in (a for a in args if a is not None):
+            if _flattening(arg):
+                return True
+            text = dotted(arg)
+            defs = stmt.scope.defs_before(text, stmt.order) if text else []
+            if defs and defs[-1].op == "=" and defs[-1].value is not None:
+                if _flattening(defs[-1].value):
+                    return True
+        return False
+
+    def _loss_class(self, func, scope: Scope, order: int) -> cst.Call | None:
+        """The `nn.CrossEntropyLoss(...)` call a loss object was built with."""
+        text = dotted(func)
+        if text is None:
+            return None
+        defs = scope.defs_before(text, order) or self.model.module_defs(text)
+        if not defs or defs[-1].op != "=" or not isinstance(defs[-1].value, cst.Call):
+            return None
+        built = defs[-1].value
+        qual = self.model.imports.qualify(built.func) or ""
+        return built if last_part(qual) in _TOKEN_LOSS_CLASSES else None
+
+    def _model_loss(self, node, scope, order, stmt, depth) -> list[TokenMean]:
+        """`out.loss` / `out["loss"]` of a call of a token-level model given its labels."""
+        holder = node.value
+        call = self._model_call(holder, scope, order, depth)
+        if call is None or _has_keyword(call, "num_items_in_batch"):
+            return []
+        if not (_has_keyword(call, "labels") or any(a.star == "**" for a in call.args)):
+            return []
+        head = self._model_class(call.func, scope, order, depth + 1)
+        if head is None:
+            return []
+        return [TokenMean(node, f"`.loss` of a `{head}`", stmt)]
+
+    def _model_call(self, holder, scope, order, depth) -> cst.Call | None:
+        holder = strip_parens(holder)
+        if isinstance(holder, cst.Call):
+            return holder
+        text = dotted(holder)
+        defs = scope.defs_before(text, order) if text else []
+        if defs and defs[-1].op == "=" and defs[-1].tuple_index is None and depth < _MAX_DEPTH:
+            return self._model_call(defs[-1].value, defs[-1].stmt.scope, defs[-1].stmt.order, depth)
+        return None
+
+    def _model_class(self, func, scope: Scope, order: int | None, depth: int) -> str | None:
+        """The token-level head class a model object was loaded or built as, following
+        `prepare`, wrappers (`DDP(model)`, `torch.compile(model)`) and moves."""
+        if depth > _MAX_DEPTH:
+            return None
+        func = strip_parens(func)
+        if isinstance(func, cst.Call):
+            return self._built_class(func, scope, order, depth)
+        text = dotted(func)
+        if text is None:
+            return None
+        prepared = self.model.setup.prepared.get(text)
+        defs = scope.defs_before(text, order) if order is not None else scope.defs.get(text, [])
+        defs = defs or self.model.module_defs(text)
+        if not defs:
+            if text in scope.params:
+                for expr, stmt in self.model.argument_sites(scope, text):
+                    found = self._model_class(expr, stmt.scope, stmt.order, depth + 1)
+                    if found is not None:
+                        return found
+            return None
+        d = defs[-1]
+        if d.tuple_index is not None:
+            if prepared is not None and d in self.model.setup.prepared_defs:
+                original = cst.parse_expression(prepared.original)
+                return self._model_class(original, d.stmt.scope, d.stmt.order, depth + 1)
+            return None
+        if d.op != "=" or d.value is None:
+            return None
+        return self._model_class(d.value, d.stmt.scope, d.stmt.order, depth + 1)
+
+    def _built_class(self, call: cst.Call, scope, order, depth) -> str | None:
+        qual = self.model.imports.qualify(call.func) or dotted(call.func) or ""
+        pair = method_call(call)
+        if pair is not None and pair[1] in _LOADERS:
+            qual = self.model.imports.qualify(pair[0]) or dotted(pair[0]) or ""
+        elif pair is not None and pair[1] in _WRAPPERS:
+            return self._model_class(pair[0], scope, order, depth + 1)
+        if _TOKEN_LEVEL_MODEL.search(last_part(qual)):
+            return last_part(qual)
+        args = positional(call)
+        if pair is not None and pair[1] == "prepare" and len(args) == 1:
+            return self._model_class(args[0], scope, order, depth + 1)
+        if pair is None and args:  # `DDP(model)`, `torch.compile(model)`, `get_peft_model(m)`
+            return self._model_class(args[0], scope, order, depth + 1)
+        return None
+
+
+def _reads_loss_field(node) -> bool:
+    if isinstance(node, cst.Attribute) and node.attr.value == "loss":
+        return True
+    if isinstance(node, cst.Subscript) and len(node.slice) == 1:
+        index = node.slice[0].slice
+        return isinstance(index, cst.Index) and string_value(index.value) == "loss"
+    return False
+
+
+def _has_keyword(call: cst.Call, name: str) -> bool:
+    return keyword(call, name) is not None
+
+
+def _mean_reduction(value: cst.BaseExpression | None) -> bool:
+    """The default reduction, or `reduction="mean"` written out."""
+    return value is None or string_value(value) == "mean"
+
+
+def _flattening(node) -> bool:
+    """`x.view(-1, V)`, `x.reshape(-1, V)`, `x.view(-1)` or `x.flatten(0, 1)` itself (not a
+    flattening somewhere inside, such as an image flattened before a classifier)."""
+    pair = method_call(strip_parens(node))
+    if pair is None:
+        return False
+    args = positional(node)
+    if pair[1] in ("view", "reshape") and args:
+        return code(args[0]).replace(" ", "") == "-1"
+    return pair[1] == "flatten" and bool(strip_parens(node).args)
+
+
+def describe(model: Model, site: Site) -> list[dict]:
+    """`--show-loops`: the token-level means that reach this backward."""
+    return [{"code": code(t.node), "line": model.line(t.node)} for t in token_means(model, site)]

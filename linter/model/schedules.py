@@ -1,0 +1,353 @@
+"""Schedulers and the lengths they are built with: what a schedule's length counts (ACL310).
+
+A length expression is followed back through the names it reads (the binding visible where the
+scheduler is built, so the HF examples' recomputation of `num_update_steps_per_epoch` after
+`prepare` does not count) down to the `len(loader)` calls it grows from. Each of them carries:
+
+- whether the loader had gone through `prepare(...)` before the `len` was read: then it counts
+  per-process batches, W times fewer than the global batches Accelerate expects;
+- the net power of K and of the world size applied on the way (`ceil(len(dl) / K) * epochs` is
+  K^-1; `max_train_steps * K` after that is K^0 again, a length in micro-batches).
+
+Lengths from configuration (`args.max_train_steps` given by the user) have no `len` and are never
+judged: the catalogue leaves explicit step counts alone.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from linter.model.cst_util import (
+    code,
+    dotted,
+    is_false,
+    keyword,
+    last_part,
+    method_call,
+    positional,
+    strip_parens,
+)
+from linter.model.functions import Scope, Stmt
+
+if TYPE_CHECKING:
+    from linter.model import Model, Site, TrainingLoop
+
+_K_NAME = re.compile(r"grad(ient)?_?acc|accum", re.I)  # the catalogue's accumulation value
+_WORLD = re.compile(r"num_processes|world_size|WORLD_SIZE|n_gpus?\b|num_gpus|nprocs|num_replicas")
+_LOADER = re.compile(r"loader|(^|_)dl(_|$)|batches", re.I)
+_PASS_FUNCTIONS = {"ceil", "floor", "int", "round", "max", "min", "float", "abs"}
+# (parameter, its position) of the lengths a constructor takes; None: keyword only.
+_LENGTH_PARAMETERS = {
+    "get_scheduler": (("num_training_steps", None),),
+    "OneCycleLR": (("total_steps", 2), ("steps_per_epoch", 4)),
+    "CosineAnnealingLR": (("T_max", 1),),
+    "LinearLR": (("total_iters", None),),
+    "PolynomialLR": (("total_iters", 1),),
+}
+_WARMUP_FACTORY = re.compile(r"^get_\w+_schedule_with_warmup$")
+_MAX_DEPTH = 6
+
+
+@dataclass(frozen=True)
+class LoaderLength:
+    """One `len(loader)` a schedule length grows from."""
+
+    call: cst.Call
+    loader: str
+    per_process: bool  # the loader came from `prepare(...)` before the `len` was read
+    k_power: int  # net power of K on the way to the length (-1: optimizer steps)
+    w_power: int  # net power of the world size (+1: a per-process count made global)
+    stmt: Stmt  # where the `len` is read
+
+
+@dataclass(eq=False)
+class Schedule:
+    name: str
+    call: cst.Call
+    stmt: Stmt
+    length: cst.BaseExpression
+    parameter: str
+    loader_lengths: list[LoaderLength] = field(default_factory=list)
+    prepare: cst.Call | None = None  # the later `prepare(...)` that takes the scheduler
+    steps: list[tuple[TrainingLoop, Site]] = field(default_factory=list)
+
+
+def schedules(model: Model) -> list[Schedule]:
+    """Every scheduler built with a length argument, with what that length counts."""
+    return model.memo("schedules", _build)
+
+
+def _build(model: Model) -> list[Schedule]:
+    built = {id(call) for call in model.setup.schedulers.values()}
+    found = []
+    for scope in model.scopes:
+        for name, defs in scope.defs.items():
+            for d in defs:
+                if d.op == "=" and isinstance(d.value, cst.Call) and id(d.value) in built:
+                    schedule = _schedule(model, name, d.value, d.stmt)
+                    if schedule is not None:
+                        found.append(schedule)
+    found.sort(key=lambda s: s.stmt.order)
+    return found
+
+
+def _schedule(model: Model, name: str, call: cst.Call, stmt: Stmt) -> Schedule | None:
+    found = _length_argument(model, call)
+    if found is None:
+        return None
+    parameter, length = found
+    schedule = Schedule(name, call, stmt, length, parameter)
+    schedule.loader_lengths = _Lengths(model).of(length, stmt.scope, stmt.order, stmt)
+    schedule.prepare = _later_prepare(model, name, stmt)
+    names = {name} | {p.name for p in model.setup.prepared.values() if p.original == name}
+    schedule.steps = [
+        (loop, site)
+        for loop in model.loops
+        for site in loop.of_kind("sched_step")
+        if site.receiver in names
+    ]
+    return schedule
+
+
+def _length_argument(model: Model, call: cst.Call) -> tuple[str, cst.BaseExpression] | None:
+    constructor = last_part(model.imports.qualify(call.func) or dotted(call.func))
+    parameters = _LENGTH_PARAMETERS.get(constructor)
+    if parameters is None and _WARMUP_FACTORY.match(constructor):
+        parameters = (("num_training_steps", 2),)
+    args = positional(call)
+    for parameter, position in parameters or ():
+        value = keyword(call, parameter)
+        if value is None and position is not None and position < len(args):
+            value = args[position]
+        if value is not None:
+            return parameter, value
+    return None
+
+
+def _later_prepare(model: Model, name: str, built: Stmt) -> cst.Call | None:
+    """The `accelerator.prepare(..., sched)` after the construction that wraps the scheduler."""
+    for call in model.calls:
+        if call.method not in ("prepare", "prepare_scheduler") or call.stmt.order <= built.order:
+            continue
+        if model.engine_for(call.receiver, call.stmt.scope) is None:
+            continue
+        if any(dotted(arg) == name for arg in positional(call.call)):
+            return call.call
+    return None
+
+
+class _Lengths:
+    """Follows a length expression back to the `len(loader)` calls it is made of."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.known_k = {_short(e) for e in _known_ks(model)}
+
+    def of(self, node, scope: Scope, order: int, stmt: Stmt, k=0, w=0, depth=0) -> list:
+        if depth > _MAX_DEPTH:
+            return []
+        node = strip_parens(node)
+        if isinstance(node, (cst.Name, cst.Attribute)) and dotted(node) is not None:
+            return self._name(dotted(node), scope, order, k, w, depth)
+        if isinstance(node, cst.Call):
+            return self._call(node, scope, order, stmt, k, w, depth)
+        if isinstance(node, cst.BinaryOperation):
+            if isinstance(node.operator, (cst.Add, cst.Subtract)):
+                sides = (node.left, node.right)
+                return [x for s in sides for x in self.of(s, scope, order, stmt, k, w, depth)]
+            if isinstance(node.operator, (cst.Multiply, cst.Divide, cst.FloorDivide)):
+                return self._product(node, scope, order, stmt, k, w, depth)
+        if isinstance(node, cst.IfExp):  # `max_steps if overrode else max_steps * W`
+            arms = (node.body, node.orelse)
+            return [x for a in arms for x in self.of(a, scope, order, stmt, k, w, depth)]
+        return []
+
+    def _product(self, node, scope, order, stmt, k, w, depth) -> list:
+        """A product of factors: K and the world size change the powers; the other factors of
+        the numerator carry lengths (`len(dl) * epochs`); a denominator's `len` is no length
+        (`max_steps / len(dl)` counts epochs)."""
+        factors = list(_factors(node, 1))
+        for factor, power in factors:
+            if self.is_k(factor):
+                k += power
+            elif is_world_size(factor):
+                w += power
+        found = []
+        for factor, power in factors:
+            if power > 0 and not self.is_k(factor) and not is_world_size(factor):
+                found.extend(self.of(factor, scope, order, stmt, k, w, depth + 1))
+        return found
+
+    def _call(self, node: cst.Call, scope, order, stmt, k, w, depth) -> list:
+        args = positional(node)
+        name = dotted(node.func) or ""
+        if name == "len" and args:
+            loader = dotted(args[0])
+            if loader is None or not self._loader_like(loader, scope, order):
+                return []
+            prepared = self._prepared_before(loader, scope, order)
+            return [LoaderLength(node, loader, prepared, k, w, stmt)]
+        if last_part(name) in _PASS_FUNCTIONS:
+            return [x for a in args for x in self.of(a, scope, order, stmt, k, w, depth + 1)]
+        return []
+
+    def _name(self, text: str, scope: Scope, order: int, k, w, depth) -> list:
+        """The binding visible at `order` (in the function, else the enclosing ones)."""
+        while scope is not None:
+            visible = scope.defs.get(text, ()) if order is None else scope.defs_before(text, order)
+            defs = [d for d in visible if d.tuple_index is None]
+            if defs:
+                d = defs[-1]
+                if d.op != "=":
+                    return []
+                return self.of(d.value, d.stmt.scope, d.stmt.order, d.stmt, k, w, depth + 1)
+            if text in scope.params:
+                return []
+            scope, order = scope.parent, None
+        return []
+
+    def _prepared_before(self, text: str, scope: Scope, order: int) -> bool:
+        """Whether the loader was returned by `prepare` before this read: for a name this
+        function binds, its last binding before the read (`dl = accelerator.prepare(dl)` after
+        the scheduler leaves the unprepared loader here; the model's loop-minded lookup would
+        count every binding); a parameter or an outer name is resolved by the model."""
+        if scope.defs.get(text):
+            before = scope.defs_before(text, order)
+            return bool(before) and before[-1] in self.model.setup.prepared_defs
+        return self.model.is_prepared(text, scope, order)
+
+    def _loader_like(self, text: str, scope: Scope, order: int) -> bool:
+        """A data loader (named so, or returned by `prepare`), not a dataset counted in
+        samples."""
+        return bool(_LOADER.search(last_part(text))) or self._prepared_before(text, scope, order)
+
+    def is_k(self, node: cst.BaseExpression) -> bool:
+        """The accumulation value: named so, or spelled like the engine's or a step gate's K
+        (a name, an attribute or a subscript such as `config["grad_accum"]`, never a call that
+        merely reads K among its arguments)."""
+        if not _named_value(node):
+            return False
+        short = _short(node)
+        return bool(_K_NAME.search(short)) or short in self.known_k
+
+
+def is_world_size(node: cst.BaseExpression) -> bool:
+    """The number of processes: `accelerator.num_processes`, `world_size`,
+    `dist.get_world_size()`, `int(os.environ["WORLD_SIZE"])`."""
+    node = strip_parens(node)
+    if isinstance(node, cst.Call):
+        name = last_part(dotted(node.func))
+        if name == "get_world_size":
+            return True
+        return name in ("int", "float") and any(is_world_size(a) for a in positional(node))
+    return _named_value(node) and bool(_WORLD.search(code(node)))
+
+
+def _named_value(node: cst.BaseExpression) -> bool:
+    return dotted(node) is not None or isinstance(strip_parens(node), cst.Subscript)
+
+
+def _factors(node, power: int):
+    """(factor, +1 or -1) of a chain of `*`, `/` and `//`."""
+    node = strip_parens(node)
+    if isinstance(node, cst.BinaryOperation):
+        if isinstance(node.operator, cst.Multiply):
+            yield from _factors(node.left, power)
+            yield from _factors(node.right, power)
+            return
+        if isinstance(node.operator, (cst.Divide, cst.FloorDivide)):
+            yield from _factors(node.left, power)
+            yield from _factors(node.right, -power)
+            return
+    yield node, power
+
+
+def _short(node: cst.BaseExpression) -> str:
+    text = dotted(node)
+    return last_part(text) if text else code(strip_parens(node))
+
+
+def _known_ks(model: Model) -> list[cst.BaseExpression]:
+    ks = [e.accum for e in model.setup.engines.values() if e.accum is not None]
+    ks += [loop.gate.k for loop in model.loops if loop.gate is not None and loop.gate.k is not None]
+    return [k for k in ks if not isinstance(k, (cst.Integer, cst.Float))]
+
+
+# engine options --------------------------------------------------------------------------
+
+
+def splits_batches(model: Model) -> bool:
+    """`split_batches=True` somewhere in the setup (on the Accelerator or a
+    DataLoaderConfiguration): the prepared scheduler then steps once per optimizer step. A value
+    the linter cannot read counts as True (no finding)."""
+    return _option_set(model, "split_batches", lambda value: not is_false(value))
+
+
+def steps_apart_from_optimizer(model: Model) -> bool:
+    """`step_scheduler_with_optimizer=False`: the prepared scheduler steps on every call, as an
+    unprepared one does."""
+    return _option_set(model, "step_scheduler_with_optimizer", _not_true)
+
+
+def _option_set(model: Model, name: str, accept) -> bool:
+    for call in model.calls:
+        value = keyword(call.call, name)
+        if value is not None and accept(value):
+            return True
+    return False
+
+
+def _not_true(value: cst.BaseExpression) -> bool:
+    return not (isinstance(value, cst.Name) and value.value == "True")
+
+
+def steps_per_update(model: Model, schedule: Schedule, loop: TrainingLoop, site: Site) -> bool:
+    """Whether this `sched.step()` advances the schedule once per optimizer step: it sits on the
+    update step, or the scheduler went through `prepare` and is stepped in an `accumulate()`
+    loop (the prepared scheduler skips the micro-steps that do not sync)."""
+    if model.on_update_step(loop, site.stmt):
+        return True
+    prepared = schedule.prepare is not None and not steps_apart_from_optimizer(model)
+    return prepared and loop.gate is not None and loop.gate.kind in ("accumulate", "sync")
+
+
+def accumulation_value(model: Model, loop: TrainingLoop) -> cst.BaseExpression | None:
+    """K of the loop that steps the scheduler (the step gate's, else the engine's), when it may
+    be greater than 1."""
+    k = loop.gate.k if loop.gate is not None and loop.gate.k is not None else model.engine_k()
+    if k is None or (isinstance(k, cst.Integer) and int(k.value) <= 1):
+        return None
+    return k
+
+
+def prepare_engine(call: cst.Call | None) -> str | None:
+    pair = method_call(call) if call is not None else None
+    return dotted(pair[0]) if pair is not None else None
+
+
+def describe(model: Model, loop: TrainingLoop) -> list[dict]:
+    """`--show-loops`: the schedules this loop steps and what their lengths count."""
+    return [
+        {
+            "scheduler": schedule.name,
+            "line": model.line(schedule.call),
+            "length": f"{schedule.parameter}={code(schedule.length)}",
+            "prepared_at": model.line(schedule.prepare) if schedule.prepare else None,
+            "from": [
+                {
+                    "len": code(found.call),
+                    "per_process": found.per_process,
+                    "power_of_k": found.k_power,
+                    "power_of_processes": found.w_power,
+                    "line": model.line(found.call),
+                }
+                for found in schedule.loader_lengths
+            ],
+        }
+        for schedule in schedules(model)
+        if any(stepping is loop for stepping, _ in schedule.steps)
+    ]

@@ -1,0 +1,231 @@
+"""ACL504 logged-scaled-loss: per-micro-step logs of a loss divided by K or scaled."""
+
+from __future__ import annotations
+
+MANUAL = """
+for i, (x, y) in enumerate(dl):
+    loss = crit(model(x), y) / N
+    loss.backward()
+    LOG
+    if (i + 1) % N == 0 or i + 1 == len(dl):
+        opt.step()
+        opt.zero_grad()
+"""
+
+
+def manual(log: str) -> str:
+    return MANUAL.replace("LOG", log)
+
+
+def test_divided_loss_logged_every_micro_step(acl504, at):
+    source = manual('writer.add_scalar("train/loss", loss.item(), step)')
+    assert acl504.findings(source) == [("ACL504", *at(source, "writer.add_scalar"))]
+    message = acl504.diagnostics(source)[0].message
+    assert "line 3 divided it by K = `N`" in message and "K times smaller" in message
+
+
+def test_item_outside_a_logger_call(acl504, at):
+    source = manual("lossf = loss.item()")
+    assert acl504.findings(source) == [("ACL504", *at(source, "loss.item()"))]
+
+
+def test_in_place_division_and_an_f_string(acl504, at):
+    source = """
+    micro = 0
+    while True:
+        x, y = next(batches)
+        loss = crit(model(x), y)
+        loss /= args.grad_accum
+        loss.backward()
+        logger.info(f"loss {loss.item():.4f}")
+        micro += 1
+        if micro == args.grad_accum:
+            opt.step()
+            opt.zero_grad()
+            micro = 0
+    """
+    assert acl504.findings(source) == [("ACL504", *at(source, "logger.info"))]
+
+
+def test_scaled_loss_logged(acl504, at):
+    source = """
+    import torch
+    import wandb
+
+    scaler = torch.amp.GradScaler("cuda")
+    for x, y in dl:
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = crit(model(x), y)
+        scaled = scaler.scale(loss)
+        scaled.backward()
+        wandb.log({"loss": scaled.item()})
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    """
+    assert acl504.findings(source) == [("ACL504", *at(source, "wandb.log"))]
+    assert "loss scale" in acl504.diagnostics(source)[0].message
+
+
+def test_progress_bar_in_a_helper_function(acl504, at):
+    source = """
+    def train_one_epoch(model, loader, opt, accum, pbar):
+        for i, (x, y) in enumerate(loader):
+            loss = crit(model(x), y) / accum
+            loss.backward()
+            pbar.set_postfix(loss=loss.item())
+            if (i + 1) % accum == 0 or i + 1 == len(loader):
+                opt.step()
+                opt.zero_grad()
+    """
+    assert acl504.findings(source) == [("ACL504", *at(source, "pbar.set_postfix"))]
+
+
+def test_micro_step_loop_of_nanogpt_style(acl504, at):
+    source = """
+    while iter_num < max_iters:
+        for micro_step in range(gradient_accumulation_steps):
+            logits, loss = model(X, Y)
+            loss = loss / gradient_accumulation_steps
+            X, Y = get_batch("train")
+            loss.backward()
+            print(loss.item())
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    """
+    assert acl504.findings(source) == [("ACL504", *at(source, "print(loss"))]
+
+
+def test_hint_for_item_of_the_undivided_loss_every_micro_step(acl504, at):
+    source = """
+    for i, (x, y) in enumerate(dl):
+        loss = crit(model(x), y)
+        (loss / N).backward()
+        print(loss.item())
+        if (i + 1) % N == 0 or i + 1 == len(dl):
+            opt.step()
+            opt.zero_grad()
+    """
+    assert acl504.findings(source) == [("ACL504", *at(source, "print(loss"))]
+    assert acl504.diagnostics(source)[0].message.startswith("hint: `loss.item()` runs on every")
+
+
+def test_multiplied_back_by_k(acl504):
+    assert acl504.findings(manual('writer.add_scalar("loss", loss.item() * N, step)')) == []
+    assert acl504.findings(manual("print((loss * N).item())")) == []
+
+
+def test_window_sum_of_the_divided_parts(acl504):
+    """The sum of the `loss / N` of a window is the window's mean loss."""
+    source = manual("window += loss.item()")
+    assert acl504.findings(source) == []
+    assert acl504.findings(manual("window = window + loss.detach()")) == []
+
+
+def test_window_mean_logged_on_the_update_step(acl504):
+    source = """
+    for i, (x, y) in enumerate(dl):
+        loss = crit(model(x), y)
+        window_sum += loss.detach()
+        (loss / N).backward()
+        if (i + 1) % N == 0 or i + 1 == len(dl):
+            opt.step()
+            opt.zero_grad()
+            writer.add_scalar("train/loss", (window_sum / N).item(), step)
+            window_sum = torch.zeros_like(window_sum)
+    """
+    assert acl504.findings(source) == []
+
+
+def test_undivided_loss_under_the_engine_backward(acl504):
+    source = """
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(gradient_accumulation_steps=4)
+    for batch in dl:
+        with accelerator.accumulate(model):
+            loss = model(**batch).loss
+            accelerator.backward(loss)
+            print(loss.item())
+            accelerator.log({"loss": accelerator.gather(loss).mean().item()})
+            opt.step()
+            opt.zero_grad()
+    """
+    assert acl504.findings(source) == []
+
+
+def test_logging_under_a_log_interval(acl504):
+    source = manual('if i % args.logging_steps == 0:\n        print("loss", loss.item())')
+    assert acl504.findings(source) == []
+
+
+def test_logging_on_the_update_step(acl504):
+    source = """
+    for i, (x, y) in enumerate(dl):
+        loss = crit(model(x), y) / N
+        loss.backward()
+        if (i + 1) % N == 0 or i + 1 == len(dl):
+            opt.step()
+            opt.zero_grad()
+            print(loss.item() * N)
+    """
+    assert acl504.findings(source) == []
+
+
+def test_no_accumulation_no_hint(acl504):
+    source = """
+    for x, y in dl:
+        loss = crit(model(x), y)
+        loss.backward()
+        print(loss.item())
+        opt.step()
+        opt.zero_grad()
+    """
+    assert acl504.findings(source) == []
+
+
+def test_rebound_loss_is_not_the_divided_one(acl504):
+    source = manual("loss = crit(model(x), y)\n    print(loss.item())")
+    assert acl504.findings(source) == []
+
+
+def test_divided_loss_handed_to_a_backward_helper(acl504, at):
+    """The backward runs inside an imported scaler helper; the loop still divides the loss by
+    its accumulation value and logs that."""
+    source = """
+    for idx, (x, y) in enumerate(loader):
+        loss = criterion(model(x), y)
+        loss = loss / config.TRAIN.ACCUMULATION_STEPS
+        loss_scaler(loss, optimizer, update_grad=(idx + 1) % config.TRAIN.ACCUMULATION_STEPS == 0)
+        meter.update(loss.item(), y.size(0))
+    """
+    assert acl504.findings(source) == [("ACL504", *at(source, "loss.item()"))]
+
+
+def test_rebinding_in_the_other_branch_leaves_this_one_divided(acl504, at):
+    source = """
+    for i, (x, y) in enumerate(dl):
+        if accum_steps > 1:
+            loss = crit(model(x), y) / accum_steps
+            loss.backward()
+            if (i + 1) % accum_steps == 0:
+                opt.step()
+                opt.zero_grad()
+        else:
+            loss = crit(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        meter.update(loss.item())
+    """
+    assert acl504.findings(source) == [("ACL504", *at(source, "loss.item()"))]
+
+
+def test_other_values_divided_by_k_are_not_losses(acl504):
+    source = """
+    for idx, (x, y) in enumerate(loader):
+        lr = base_lr / config.TRAIN.ACCUMULATION_STEPS
+        print(lr)
+        loss_scaler(criterion(model(x), y), optimizer)
+    """
+    assert acl504.findings(source) == []
