@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from linter.model import Model, TrainingLoop, accumulation, scaler_protocol
+from linter.model import (
+    Model,
+    TrainingLoop,
+    accumulation,
+    logged_losses,
+    losses,
+    scaler_protocol,
+    schedules,
+)
 from linter.model.cst_util import code, int_value
 
 # A step function called once per batch is described as kind "step function".
@@ -49,6 +57,8 @@ def _loop(model: Model, loop: TrainingLoop, path: str) -> dict:
         "every_micro_step": every,
         "update_step_only": update,
         "backwards": [_backward(model, site) for site in loop.backwards],
+        "schedule_lengths": schedules.describe(model, loop),
+        "logged_losses": logged_losses.describe(model, loop),
         "scaler_protocol": scaler_protocol.describe(model, loop.node),
     }
 
@@ -130,4 +140,5 @@ def _backward(model: Model, site) -> dict:
         "loss": flow.state if flow is not None else "unknown",
         "dataflow": steps,
         "models": sorted(flow.models) if flow is not None else [],
+        "token_means": losses.describe(model, site),
     }
