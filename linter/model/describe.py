@@ -10,6 +10,7 @@ from linter.model import (
     losses,
     scaler_protocol,
     schedules,
+    windows,
 )
 from linter.model.cst_util import code, int_value
 
@@ -60,6 +61,7 @@ def _loop(model: Model, loop: TrainingLoop, path: str) -> dict:
         "schedule_lengths": schedules.describe(model, loop),
         "logged_losses": logged_losses.describe(model, loop),
         "scaler_protocol": scaler_protocol.describe(model, loop.node),
+        "step_gate_window": windows.describe(model, loop),
     }
 
 

@@ -461,3 +461,40 @@ def ema_updates(model, loop: TrainingLoop) -> list:
 
 def same_block(a: Stmt, b: Stmt) -> bool:
     return [id(f.node) for f in a.frames] == [id(f.node) for f in b.frames]
+
+
+# --show-loops -----------------------------------------------------------------------------------
+def describe(model, loop: TrainingLoop) -> dict | None:
+    """The step gate's window as the window rules read it: the gate, its index and base, its
+    last-batch clause, the loader, and where zero_grad and the scheduler run relative to it."""
+    window = next((w for lp, w in window_gates(model) if lp is loop), None)
+    if window is None and loop.gate is None:
+        return None
+    facts: dict = {"gate": loop.gate.kind if loop.gate is not None else None}
+    if window is not None:
+        base = window.base
+        facts.update(
+            {
+                "condition": code(window.comparison),
+                "index": window.index,
+                "index_base": None if base is None else f"{base.first} ({base.source})",
+                "loader": code(base.loader) if base and base.loader is not None else None,
+                "last_batch_clause": window.last_batch_clause,
+                "before_backward": window.before_backward,
+                "fires_off_by": window.error(),
+            }
+        )
+    for kind, key in (("zero_grad", "zero_grad"), ("sched_step", "scheduler_step")):
+        facts[key] = [
+            {"line": model.line(s.call), "where": _where(model, loop, s)}
+            for s in loop.of_kind(kind)
+        ]
+    return facts
+
+
+def _where(model, loop: TrainingLoop, site: Site) -> str:
+    if model.on_update_step(loop, site.stmt):
+        return "update step"
+    if model.regions_around(site.stmt, "accumulate"):
+        return "inside accumulate()"
+    return "every micro-step" if runs_every_iteration(loop, site.stmt) else "under another test"
