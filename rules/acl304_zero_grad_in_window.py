@@ -12,9 +12,13 @@ RULE = Rule(
     static=True,
     docs="""\
 ## What it does
-Flags `opt.zero_grad()` / `model.zero_grad()` that comes before the backward inside an
-`accumulate()` block, or that runs on every iteration of a manual accumulation loop (not under the
-step condition or a window-start condition).
+Flags `opt.zero_grad()` / `model.zero_grad()` that runs unconditionally on every micro-step of a
+manual accumulation loop (the optimizer step is gated by `% K`, by a counter compared with K, or
+comes after a `for micro_step in range(K)` loop that runs the backward), or that comes before the
+backward inside an `accumulate()` block of an engine configured with more than one accumulation
+step. A zero_grad under any test (the step condition, a window start such as `if i % K == 0:`, a
+check for non-finite gradients) is left alone. A per-batch function (`train_step`) is judged by
+the step gate of the loop that calls it, and reported without a fix (the step is elsewhere).
 
 ## Why is this bad?
 Zeroing inside the window throws away what has been accumulated. A manual loop that zeroes every

@@ -13,9 +13,14 @@ RULE = Rule(
     guard_levels=("error", "warning"),
     docs="""\
 ## What it does
-Flags `sched.step()` in a batch loop outside the condition that guards `opt.step()` (variant a).
-As a hint, it also flags `sched.step()` or an EMA update straight after `scaler.step()` /
-`scaler.update()` with no test for a skipped step (variant b).
+Flags `sched.step()` that runs unconditionally on every micro-step of a manual accumulation loop
+(variant a): outside the condition that guards `opt.step()`, or inside a `for micro_step in
+range(K)` loop. Left alone: `accumulate()` (a prepared scheduler is gated by the wrapper),
+schedulers stepped outside the batch loop (per epoch), calls with an argument
+(`ReduceLROnPlateau.step(metric)`, `step(epoch)`), and schedulers under any test (a skip test, an
+epoch-end test). As a hint (the message starts with `hint:`, no fix), it also flags
+`sched.step()` or an EMA update (`ema.update(...)`) in the same block right after `scaler.step()`
+/ `scaler.update()` of a GradScaler that may be enabled (variant b).
 
 ## Why is this bad?
 (a) In a manual accumulation loop, a scheduler stepped outside the step branch moves once per

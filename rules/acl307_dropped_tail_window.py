@@ -13,8 +13,13 @@ RULE = Rule(
     static=True,
     docs="""\
 ## What it does
-Flags a step gate such as `(i + 1) % K == 0`, `i % K == K - 1` or `step % K == 0`, where `i` is the
-`enumerate` index of a loop over a sized loader and the condition has no last-batch clause.
+Flags a modulo step gate such as `(i + 1) % K == 0`, `i % K == K - 1` or `step % K == 0` (also
+bound to a name, `is_update = ...`, or as an early `if (i + 1) % K != 0: continue`) where `i` is
+the `enumerate` index of a loop over a loader with a length (a name, or one wrapped in `tqdm`)
+and the condition has no other way to the update step (`or i + 1 == len(dl)`, `or is_last`,
+`or accelerator.sync_gradients`). Left alone: counters (`global_step % K`), `while` loops and
+`enumerate(cycle(dl))` / `enumerate(iter(dl))`, where windows may span epochs on purpose; an
+optimizer step after the loop that flushes the tail; `accumulate()`.
 
 ## Why is this bad?
 When len(dl) % N = r is not 0, the last r micro-batches of each epoch do not reach the optimizer in

@@ -12,9 +12,13 @@ RULE = Rule(
     static=True,
     docs="""\
 ## What it does
-Flags a step gate `i % K == 0` where `i` is the index of a 0-based `enumerate(...)` (no `start=`)
-or a counter that starts at 0 and is incremented after the gate, and `(i + 1) % K == 0` where `i`
-comes from `enumerate(..., start=1)` or a counter incremented before the gate.
+Flags a modulo step gate that fires one micro-batch off the end of its window, worked out from
+where its index starts: `i % K == 0` where `i` is the index of a 0-based `enumerate(...)` or a
+counter that starts at 0 and is incremented after the gate, and `(i + 1) % K == 0` where `i`
+comes from `enumerate(..., start=1)` or a counter incremented before the gate. A gate placed
+before the backward (`if i % K == 0: opt.step()` at the top of the loop) steps the previous
+window and is counted that way. Counters advanced on the update step (they count optimizer
+steps) and counters whose start is not a literal are left alone.
 
 ## Why is this bad?
 `if step % N == 0:` over a 0-based `enumerate` fires after the very first micro-batch, so the first
