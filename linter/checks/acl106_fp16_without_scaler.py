@@ -38,10 +38,11 @@ def _engine_owns_precision(model) -> bool:
 
 def _fp16_on_gpu(cast: Autocast) -> bool:
     """An enabled user region in fp16: written, or omitted on a device that is not literally
-    "cpu" (whose default is bf16). A dtype taken from a variable is not statically fp16."""
+    "cpu" (whose default is bf16). A dtype taken from a variable, or a region factory handed in
+    as a parameter (`with autocast():`, which may be a `nullcontext`), is not statically fp16."""
     if cast.by_engine or cast.enabled is False or cast.device == "cpu":
         return False
-    return cast.dtype == FP16 or (not cast.explicit and cast.dtype is None)
+    return (cast.explicit and cast.dtype == FP16) or cast.fp16_by_default
 
 
 def _trained_backward(model, cast: Autocast):

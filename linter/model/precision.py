@@ -68,6 +68,7 @@ class Autocast:
     enabled: bool | None  # False for a literal `enabled=False`; None: decided at runtime
     engine: Engine | None = None  # the engine of `accelerator.autocast()`
     switch: cst.BaseExpression | None = None  # the `enabled=` expression decided at runtime
+    handed_in: bool = False  # `with autocast():` where `autocast` is not torch's (a parameter)
 
     @property
     def by_engine(self) -> bool:
@@ -78,6 +79,12 @@ class Autocast:
         """fp16, or a dtype the linter cannot see (written as a variable, or the default of a
         device taken from a variable)."""
         return self.dtype == FP16 or self.dtype is None
+
+    @property
+    def fp16_by_default(self) -> bool:
+        """No dtype written and the device is not known to be the CPU: torch's CUDA default,
+        float16, applies (not for a region factory handed in, whose defaults are unknown)."""
+        return not self.explicit and not self.handed_in and self.dtype in (FP16, None)
 
 
 def autocasts(model) -> list[Autocast]:
@@ -132,6 +139,7 @@ def _user_autocast(model, region: Region) -> Autocast:
     qual = model.imports.qualify(call.func) or ""
     args = positional(call)
     old_api = qual in _OLD_API  # positional `(enabled, dtype, ...)`, not `(device, dtype, ...)`
+    handed_in = "." not in qual and not model.imports.is_imported(call.func)
     if old_api:
         device = _OLD_API[qual]
     else:
@@ -145,10 +153,11 @@ def _user_autocast(model, region: Region) -> Autocast:
     if dtype_arg is not None:
         dtype = _DTYPES.get(model.imports.qualify(dtype_arg) or "")
     else:
-        dtype = _DEVICE_DEFAULT.get(device or "")
+        dtype = None if handed_in else _DEVICE_DEFAULT.get(device or "")
     enabled = _literal_bool(enabled_arg)
     switch = enabled_arg if enabled is None else None
-    return Autocast(region, device, dtype, dtype_arg is not None, enabled, switch=switch)
+    explicit = dtype_arg is not None
+    return Autocast(region, device, dtype, explicit, enabled, switch=switch, handed_in=handed_in)
 
 
 def _engine_autocast(model, region: Region) -> Autocast:
@@ -397,21 +406,32 @@ def _chain(value: cst.BaseExpression | None) -> list[cst.Call]:
 
 
 def _low_precision_cast(model, chain: list[cst.Call]) -> tuple[str, cst.CSTNode] | None:
+    """The dtype the chain leaves the parameters in, when low (the outermost cast wins:
+    `model.half().float()` ends in fp32), with the node that sets it."""
     for call in chain:
-        pair = method_call(call)
-        method = pair[1] if pair else None
-        if method in _CAST_METHODS and not call.args:
-            return _CAST_METHODS[method], call.func.attr
-        if method == "to":
-            for arg in [a.value for a in call.args if _dtype_argument(a)]:
-                dtype = _DTYPES.get(model.imports.qualify(arg) or "")
-                if dtype in (FP16, BF16):
-                    return dtype, arg
-        for arg in call.args:
-            if arg.keyword is not None and arg.keyword.value == "torch_dtype":
-                dtype = _DTYPES.get(model.imports.qualify(arg.value) or "")
-                if dtype in (FP16, BF16):
-                    return dtype, arg
+        found = _cast_of(model, call)
+        if found is not None:
+            return found if found[0] in (FP16, BF16) else None
+    return None
+
+
+def _cast_of(model, call: cst.Call) -> tuple[str, cst.CSTNode] | None:
+    pair = method_call(call)
+    method = pair[1] if pair else None
+    if method in _CAST_METHODS and not call.args:
+        return _CAST_METHODS[method], call.func.attr
+    if method in ("float", "double") and not call.args:
+        return FP32, call
+    if method == "to":
+        for arg in [a.value for a in call.args if _dtype_argument(a)]:
+            dtype = _DTYPES.get(model.imports.qualify(arg) or "")
+            if dtype is not None:
+                return dtype, arg
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "torch_dtype":
+            dtype = _DTYPES.get(model.imports.qualify(arg.value) or "")
+            if dtype is not None:
+                return dtype, arg
     return None
 
 
@@ -499,15 +519,58 @@ def _freezes(model, call: cst.Call) -> bool:
 
 
 def _loop_freezes(loop: cst.For) -> str | None:
-    """`X` for `for p in X.parameters(): p.requires_grad = False`."""
+    """`X` for `for p in X.parameters(): p.requires_grad = False` (not for a loop that freezes
+    only some layers under an `if`)."""
     pair = method_call(loop.iter)
     if pair is None or pair[1] not in _PARAMETER_METHODS or dotted(pair[0]) is None:
         return None
-    for sub in walk(loop.body):
-        if isinstance(sub, cst.Assign) and is_false(sub.value):
+    body = loop.body.body if isinstance(loop.body, cst.IndentedBlock) else [loop.body]
+    lines = [line for line in body if isinstance(line, cst.BaseSuite | cst.SimpleStatementLine)]
+    for small in (s for line in lines for s in line.body):  # unconditional: not a partial freeze
+        if isinstance(small, cst.Assign) and is_false(small.value):
             if any(
                 isinstance(t.target, cst.Attribute) and t.target.attr.value == "requires_grad"
-                for t in sub.targets
+                for t in small.targets
             ):
                 return dotted(pair[0])
     return None
+
+
+# --show-loops ---------------------------------------------------------------------------------
+def describe(model, loop) -> dict:
+    """The precision facts ACL105/106/107/202/204 rely on, for one loop: the engines' precision,
+    the autocast regions inside the loop and the dtypes models' parameters are cast to."""
+    regions = [
+        _describe_autocast(model, c)
+        for c in autocasts(model)
+        if any(f.node is loop.node for f in c.region.frames)
+    ]
+    casts = [
+        {
+            "model": c.name,
+            "dtype": c.dtype,
+            "trained": c.trained,
+            "frozen": c.frozen,
+            "line": model.line(c.node),
+        }
+        for c in param_casts(model)
+    ]
+    precision = engine_precision(model) if engines(model) else "no engine"
+    return {
+        "engine_precision": precision or "not statically known",
+        "autocast": regions,
+        "parameter_dtypes": casts,
+        "fp16_path": has_fp16_path(model),
+    }
+
+
+def _describe_autocast(model, cast: Autocast) -> dict:
+    enabled = {True: "yes", False: "no", None: "at runtime"}[cast.enabled]
+    return {
+        "code": code(cast.region.item.item),
+        "device": cast.device or ("engine" if cast.by_engine else "not statically known"),
+        "dtype": cast.dtype or "not statically known",
+        "dtype_source": "written" if cast.explicit else "device default",
+        "enabled": enabled,
+        "line": model.line(cast.region.item.item),
+    }

@@ -115,6 +115,22 @@ def test_dtype_from_a_variable_nanogpt_style_is_not_flagged(acl106):
     assert acl106.findings(source) == []
 
 
+def test_region_factory_handed_in_is_not_flagged(acl106):
+    """`autocast` here is whatever the caller passes (torch's, or a `nullcontext`)."""
+    source = """
+    def train(model, loader, optimizer, autocast):
+        for batch in loader:
+            with autocast():
+                loss = model(batch)
+            loss.backward()
+            optimizer.step()
+    """
+    assert acl106.findings(source) == []
+    imported = source.replace("def train(", "from torch.cuda.amp import autocast\n    def train(")
+    assert acl106.findings(imported.replace(", autocast)", ")")) != []
+    assert acl106.findings(source) == []
+
+
 def test_inference_regions_are_not_flagged(acl106):
     no_grad = """
     import torch

@@ -222,3 +222,29 @@ def test_pure_fp16_without_scaler_or_accumulation_and_tensor_casts_are_not_flagg
     assert acl107.findings(bf16) == []  # bf16 under a scaler is ACL105's; no accumulation here
     tensors = RAW.replace("model = Net().cuda().half()", "model = Net().cuda()")
     assert acl107.findings(tensors) == []
+
+
+def test_the_last_cast_of_a_chain_wins(acl107, at):
+    """`.half().float()` rounds the weights through fp16 but leaves them in fp32."""
+    round_trip = RAW.replace(
+        "model = Net().cuda().half()", "model = Net().cuda()\nmodel.half().float()"
+    )
+    assert acl107.findings(round_trip) == []
+    back_down = RAW.replace(".half()\n", ".float().half()\n", 1)
+    assert acl107.findings(back_down) == [("ACL107", *at(back_down, "half()"))]
+
+
+def test_freezing_only_some_layers_keeps_the_model_trained(acl107, at):
+    source = RAW.replace(
+        "optimizer = ",
+        "for name, p in model.named_parameters():\n"
+        "    p.requires_grad = True\n"
+        "    if name.startswith('stem'):\n"
+        "        p.requires_grad = False\n"
+        "optimizer = ",
+    )
+    assert acl107.findings(source) == [("ACL107", *at(source, "half()"))]
+    frozen = RAW.replace(
+        "optimizer = ", "for p in model.parameters():\n    p.requires_grad = False\noptimizer = "
+    )
+    assert acl107.findings(frozen) == []
