@@ -20,6 +20,7 @@ import libcst as cst
 from linter.model.cst_util import (
     code,
     dotted,
+    last_part,
     method_call,
     positional,
     strip_parens,
@@ -282,10 +283,33 @@ def _bypasses(model: Model, body: Body) -> list[Bypass]:
             continue
         if model.is_prepared(site.receiver, site.stmt.scope, site.stmt.order):
             continue  # an AcceleratedOptimizer / engine optimizer calls the scaler itself
+        if _wraps_a_scaler(model, site):
+            continue
         feeding = [s for s in _feeding(body, site, scaled) if _may_reach(model, s, site)]
         if feeding:
             found.append(Bypass(site, body, feeding[-1]))
     return found
+
+
+def _wraps_a_scaler(model: Model, step: Site) -> bool:
+    """`optim_wrapper.step()` on an instance of a module class whose own `step` method steps
+    through a scaler (an AMP optimizer wrapper, as mmengine writes one)."""
+    classes = model.memo("scaler_protocol.scaler_classes", _scaler_step_classes)
+    text = step.receiver or ""
+    defs = step.stmt.scope.defs.get(text) or model.module_defs(text)
+    for d in defs:
+        if d.op == "=" and isinstance(d.value, cst.Call):
+            if last_part(dotted(d.value.func)) in classes:
+                return True
+    return False
+
+
+def _scaler_step_classes(model: Model) -> set[str]:
+    return {
+        scope.class_name
+        for scope in model.function_defs.get("step", ())
+        if scope.class_name and any(s.kind == "scaler_step" for s in model.sites[id(scope)])
+    }
 
 
 def _stepped_by_scaler(model: Model, body: Body, step: Site) -> bool:

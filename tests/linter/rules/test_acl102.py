@@ -325,3 +325,27 @@ def test_scaled_backward_in_a_method_the_loop_calls(acl102, at):
         "            self.optimizer.zero_grad()\n"
     )
     assert expected in acl102.fixed(source)
+
+
+def test_step_of_a_module_class_that_steps_through_its_scaler_is_clean(acl102):
+    source = """
+    import torch
+
+    class AmpOptimizer:
+        def __init__(self, optimizer):
+            self.optimizer = optimizer
+            self.scaler = torch.amp.GradScaler("cuda")
+
+        def backward(self, loss):
+            self.scaler.scale(loss).backward()
+
+        def step(self):
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+
+    amp_opt = AmpOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    for x, y in dl:
+        amp_opt.scaler.scale(crit(model(x), y)).backward()
+        amp_opt.step()
+    """
+    assert acl102.findings(source) == []
