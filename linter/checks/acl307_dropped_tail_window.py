@@ -36,16 +36,20 @@ def _gate_stmts(window):
 def _report(ctx, window) -> None:
     target, holds = windows.edited_condition(window)
     loader = code(window.base.loader)
-    last = _last_index_test(window, loader, holds)
-    text = code(target)
-    if isinstance(target, (cst.BooleanOperation, cst.IfExp, cst.NamedExpr, cst.Lambda)):
-        text = f"({text})"
-    joined = f"{text} or {last}" if holds else f"{text} and {last}"
-    fix = make_fix(
-        f"Also step on the last batch (`{last}`)",
-        ctx.replace(target, joined),
-        applicability="unsafe",
-    )
+    fix, notes = None, ()
+    if window.before_backward:
+        notes = (
+            "the gate runs before the batch's backward, so a last-batch clause there would step "
+            "before the last micro-batch: step the tail after the loop instead",
+        )
+    else:
+        last = _last_index_test(window, loader, holds)
+        text = code(target)
+        if isinstance(target, (cst.BooleanOperation, cst.IfExp, cst.NamedExpr, cst.Lambda)):
+            text = f"({text})"
+        joined = f"{text} or {last}" if holds else f"{text} and {last}"
+        edit = ctx.replace(target, joined)
+        fix = make_fix(f"Also step on the last batch (`{last}`)", edit, applicability="unsafe")
     k = code(window.k)
     ctx.report(
         target,
@@ -54,6 +58,7 @@ def _report(ctx, window) -> None:
         "micro-batches of each epoch never reach the optimizer in their epoch (they leak into "
         "the next epoch's first window, and the last epoch's are lost)",
         fix,
+        notes=notes,
     )
 
 

@@ -23,12 +23,13 @@ def _report(ctx, window) -> None:
         applicability="unsafe",
     )
     k = code(window.k)
-    first = "1 micro-batch" if error == -1 else f"`{k} - 1` micro-batches"
+    fires = f"1, {k} + 1, 2 * {k} + 1" if error == -1 else f"{k} - 1, 2 * {k} - 1"
     ctx.report(
         window.comparison,
         f"the step gate `{code(window.comparison)}` is off by one for an index that starts at "
-        f"{_start(window)}: the first window has {first} instead of `{k}`, and every later "
-        "window is shifted",
+        f"{_start(window)}: it closes windows on micro-batches {fires}, ... instead of {k}, "
+        f"2 * {k}, ..., so the first update averages the wrong number of micro-batches and "
+        "every later window is shifted",
         fix,
     )
 

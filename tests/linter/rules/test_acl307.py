@@ -239,3 +239,16 @@ def test_with_acl312_on_one_gate_the_fixes_compose():
     assert outcome.text == source.replace(
         "if step % K == 0:", "if (step + 1) % K == 0 or step + 1 == len(dl):"
     )
+
+
+def test_gate_before_the_backward_is_reported_without_fix(acl307, at):
+    """A last-batch clause at the top of the loop would step before the last backward."""
+    source = """
+    for i, (x, y) in enumerate(dl):
+        if i % K == 0:
+            opt.step()
+            opt.zero_grad()
+        (crit(model(x), y) / K).backward()
+    """
+    assert acl307.findings(source) == [("ACL307", *at(source, "i % K"))]
+    assert acl307.fixed(source, unsafe=True) == textwrap.dedent(source)

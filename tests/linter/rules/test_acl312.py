@@ -166,3 +166,17 @@ def test_nanogpt_micro_step_loop(acl312):
         optimizer.zero_grad(set_to_none=True)
     """
     assert acl312.findings(source) == []
+
+
+def test_first_step_skipped_by_a_conjunct_is_still_late(acl312, at):
+    source = """
+    for step, batch in enumerate(dl):
+        (model(batch).loss / K).backward()
+        if step % K == 0 and step > 0:
+            opt.step()
+            opt.zero_grad()
+    """
+    assert acl312.findings(source) == [("ACL312", *at(source, "step % K"))]
+    assert "if (step + 1) % K == 0 and step > 0:" in acl312.fixed(source, unsafe=True)
+    (message,) = [d.message for d in acl312.diagnostics(source)]
+    assert "on micro-batches 1, K + 1, 2 * K + 1, ... instead of K, 2 * K, ..." in message
