@@ -252,3 +252,22 @@ def test_gate_before_the_backward_is_reported_without_fix(acl307, at):
     """
     assert acl307.findings(source) == [("ACL307", *at(source, "i % K"))]
     assert acl307.fixed(source, unsafe=True) == textwrap.dedent(source)
+
+
+def test_trainer_loop_calling_a_training_step_method(acl307, at):
+    source = """
+    class Trainer:
+        def training_step(self, batch):
+            loss = self.model(batch).loss / self.args.gradient_accumulation_steps
+            loss.backward()
+
+        def train(self):
+            for step, batch in enumerate(self.train_dataloader):
+                self.training_step(batch)
+                if (step + 1) % self.args.gradient_accumulation_steps == 0:
+                    self.optimizer.step()
+                    self.optimizer.zero_grad()
+    """
+    assert acl307.findings(source) == [("ACL307", *at(source, "(step + 1) %"))]
+    fixed = acl307.fixed(source, unsafe=True)
+    assert "== 0 or step + 1 == len(self.train_dataloader):" in fixed

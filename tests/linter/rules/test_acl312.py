@@ -180,3 +180,18 @@ def test_first_step_skipped_by_a_conjunct_is_still_late(acl312, at):
     assert "if (step + 1) % K == 0 and step > 0:" in acl312.fixed(source, unsafe=True)
     (message,) = [d.message for d in acl312.diagnostics(source)]
     assert "on micro-batches 1, K + 1, 2 * K + 1, ... instead of K, 2 * K, ..." in message
+
+
+def test_gate_in_the_loop_that_calls_a_per_batch_function(acl312, at):
+    source = """
+    def train_step(batch):
+        (model(batch).loss / K).backward()
+
+    for i, batch in enumerate(dl):
+        train_step(batch)
+        if i % K == 0 or i + 1 == len(dl):
+            opt.step()
+            opt.zero_grad()
+    """
+    assert acl312.findings(source) == [("ACL312", *at(source, "i % K"))]
+    assert "if (i + 1) % K == 0 or i + 1 == len(dl):" in acl312.fixed(source, unsafe=True)
