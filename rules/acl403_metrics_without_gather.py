@@ -9,7 +9,7 @@ RULE = Rule(
     severity="error",
     fix="safe",
     runtime="full",
-    static=False,
+    static=True,
     guard_levels=("warning",),
     docs="""\
 ## What it does

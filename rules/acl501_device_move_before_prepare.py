@@ -9,7 +9,7 @@ RULE = Rule(
     severity="warning",
     fix="safe",
     runtime="full",
-    static=False,
+    static=True,
     docs="""\
 ## What it does
 Flags `.cuda()`, `.cuda(0)`, `.to("cuda")`, `.to("cuda:0")`, `.to(torch.device("cuda"))`, or

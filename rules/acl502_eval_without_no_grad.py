@@ -9,7 +9,7 @@ RULE = Rule(
     severity="error",
     fix="none",
     runtime="partial",
-    static=False,
+    static=True,
     guard_levels=("error", "warning"),
     docs="""\
 ## What it does

@@ -9,7 +9,7 @@ RULE = Rule(
     severity="warning",
     fix="none",
     runtime="none",
-    static=False,
+    static=True,
     docs="""\
 ## What it does
 Flags `torch.save` of a dict that holds an optimizer's `state_dict()` but no

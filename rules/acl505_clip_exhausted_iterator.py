@@ -9,7 +9,7 @@ RULE = Rule(
     severity="error",
     fix="safe",
     runtime="full",
-    static=False,
+    static=True,
     docs="""\
 ## What it does
 Flags a name bound to `filter(...)`, `map(...)`, a generator expression or `<module>.parameters()`

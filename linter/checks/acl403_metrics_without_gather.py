@@ -1,0 +1,27 @@
+"""ACL403: evaluation metrics fed by `accelerator.gather` (padding counted) or by one shard."""
+
+from __future__ import annotations
+
+from linter.context import make_fix
+from linter.model.evaluation import metric_gathers, ungathered_metrics
+
+
+def check(ctx) -> None:
+    """Report metric-bound gathers (fixed to `gather_for_metrics`) and un-gathered metrics."""
+    for found in metric_gathers(ctx.model):
+        attr = found.call.func.attr
+        fix = make_fix("Use `gather_for_metrics`", ctx.replace(attr, "gather_for_metrics"))
+        ctx.report(
+            found.call,
+            f"`{found.engine}.gather` in evaluation feeds {found.sink}: it keeps the samples "
+            "repeated to pad the last batch, so the metric counts them (use "
+            f"`{found.engine}.gather_for_metrics`)",
+            fix,
+        )
+    for found in ungathered_metrics(ctx.model):
+        ctx.report(
+            found.call,
+            f"`{found.metric}` is updated from this process's predictions only: over a prepared "
+            "loader each process sees 1/W of the data (gather them first with "
+            "`accelerator.gather_for_metrics`)",
+        )

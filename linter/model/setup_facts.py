@@ -1,0 +1,377 @@
+"""Setup facts for two mistakes made before the loop starts.
+
+- Device moves before `prepare` (ACL501): `.cuda()` / `.to("cuda")` on a model that an
+  Accelerator then places itself, so every rank first loads a full copy onto `cuda:0`.
+- One-shot parameter iterables (ACL505): a name bound to `filter(...)`, `map(...)`, a generator
+  expression or `model.parameters()` that something consumes before a clip function receives it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from linter.model.cst_util import (
+    dotted,
+    keyword,
+    last_part,
+    method_call,
+    positional,
+    string_value,
+    walk,
+)
+from linter.model.functions import Def, Scope, Stmt
+
+# ---------------------------------------------------------------------------------------------
+# ACL505: parameter iterables that are empty by the time they are clipped
+
+_CLIP_FUNCTIONS = {"clip_grad_norm_", "clip_grad_value_", "clip_grad_norm"}
+_ONE_SHOT_CALLS = {"filter", "map", "itertools.chain", "itertools.filterfalse", "reversed", "iter"}
+_PARAMETER_METHODS = {"parameters"}
+
+
+@dataclass(eq=False)
+class ExhaustedClip:
+    """A clip call handed a one-shot iterable that was consumed before it."""
+
+    clip: cst.Call
+    argument: cst.BaseExpression
+    binding: Def  # the assignment of the iterator
+    consumer: str  # how it was used up: "the optimizer", "an earlier clip", ...
+
+
+def exhausted_clips(model) -> list[ExhaustedClip]:
+    return model.memo("setup_facts.exhausted_clips", _find_exhausted_clips)
+
+
+def _find_exhausted_clips(model) -> list[ExhaustedClip]:
+    found = []
+    for call in model.calls:
+        if not _is_clip_call(model, call):
+            continue
+        argument = _clip_parameters(call.call)
+        text = dotted(argument)
+        if text is None:
+            continue  # a fresh `model.parameters()` at the clip site is a new iterator
+        binding = _binding(model, text, call.stmt)
+        if binding is None or not _is_one_shot(model, binding.value):
+            continue
+        consumer = _consumer(model, binding, call.stmt)
+        if consumer is not None:
+            found.append(ExhaustedClip(call.call, argument, binding, consumer))
+    return found
+
+
+def _is_clip_call(model, call) -> bool:
+    qual = model.imports.qualify(call.call.func) or ""
+    if last_part(qual) not in _CLIP_FUNCTIONS:
+        return False
+    if call.method is None or qual.startswith("torch.nn.utils"):
+        return True
+    return model.engine_for(call.receiver, call.stmt.scope) is not None
+
+
+def _clip_parameters(call: cst.Call) -> cst.BaseExpression | None:
+    by_name = keyword(call, "parameters")
+    if by_name is not None:
+        return by_name
+    args = positional(call)
+    return args[0] if args else None
+
+
+def _binding(model, text: str, stmt: Stmt) -> Def | None:
+    """The one assignment the clip's argument holds: the last one before it in its function,
+    else the only one in an enclosing scope (or, for `self.x`, in a method of the class)."""
+    scope = stmt.scope
+    before = scope.defs_before(text, stmt.order)
+    if before:
+        return before[-1] if before[-1].op == "=" and before[-1].tuple_index is None else None
+    if text in scope.params or text in scope.defs:
+        return None  # a parameter, or bound only later in a loop: not visibly a one-shot
+    if text.startswith("self."):
+        defs = [d for d in model.module_defs(text) if d.stmt.scope.class_name == scope.class_name]
+    else:
+        defs = _enclosing_defs(text, scope)
+    if len(defs) != 1 or defs[0].op != "=" or defs[0].tuple_index is not None:
+        return None
+    return defs[0]
+
+
+def _enclosing_defs(text: str, scope: Scope) -> list[Def]:
+    outer = scope.parent
+    while outer is not None:
+        if text in outer.defs:
+            return list(outer.defs[text])
+        outer = outer.parent
+    return []
+
+
+def _is_one_shot(model, value) -> bool:
+    """`filter(...)`, `map(...)`, `(p for p in ...)`, `model.parameters()`: iterators that a
+    single pass empties. Lists, tuples and list comprehensions can be read any number of times."""
+    if isinstance(value, cst.GeneratorExp):
+        return True
+    if not isinstance(value, cst.Call):
+        return False
+    qual = model.imports.qualify(value.func) or ""
+    if qual in _ONE_SHOT_CALLS:
+        return True
+    pair = method_call(value)
+    return pair is not None and pair[1] in _PARAMETER_METHODS and not value.args
+
+
+def _consumer(model, binding: Def, clip: Stmt) -> str | None:
+    """What empties the iterator before the clip reads it: a read in between (an optimizer
+    constructor, a `list(...)`, a loop over it), or the clip itself on an earlier pass of a loop
+    that does not rebind the name."""
+    name = binding.target
+    home = binding.stmt.scope
+    start = model.line(binding.stmt.node)
+    end = model.line(clip.node) if clip.scope is home else None
+    for stmt in home.stmts:
+        line = model.line(stmt.node)
+        if stmt is binding.stmt or line <= start or (end is not None and line >= end):
+            continue
+        if _reads(stmt.node, name):
+            return _describe_consumer(model, stmt.node, name)
+    for loop in home.loops:
+        if isinstance(loop, cst.For) and _reads(loop.iter, name):
+            if model.line(loop) > start and (end is None or model.line(loop) < end):
+                return "a loop over it"
+    if _repeats_without_rebinding(binding, clip):
+        return "the same clip on an earlier iteration"
+    return None
+
+
+def _repeats_without_rebinding(binding: Def, clip: Stmt) -> bool:
+    """A clip in a loop that the binding is outside of: the second pass clips nothing."""
+    if clip.scope is not binding.stmt.scope:
+        return bool(clip.loops())
+    outer = {id(node) for node in binding.stmt.loops()}
+    return any(id(node) not in outer for node in clip.loops())
+
+
+def _reads(node: cst.CSTNode, name: str) -> bool:
+    if "." in name:
+        return any(dotted(n) == name for n in walk(node) if isinstance(n, cst.Attribute))
+    return any(isinstance(n, cst.Name) and n.value == name for n in walk(node))
+
+
+def _describe_consumer(model, node: cst.CSTNode, name: str) -> str:
+    for sub in walk(node):
+        if isinstance(sub, cst.Call) and any(_reads(a.value, name) for a in sub.args):
+            if model.is_optimizer(_assigned_name(node)) or _builds_optimizer(model, sub):
+                return "the optimizer"
+            return f"`{dotted(sub.func) or 'a call'}(...)`"
+    return "an earlier use"
+
+
+def _assigned_name(node: cst.CSTNode) -> str | None:
+    if isinstance(node, cst.Assign) and len(node.targets) == 1:
+        return dotted(node.targets[0].target)
+    return None
+
+
+def _builds_optimizer(model, call: cst.Call) -> bool:
+    qual = model.imports.qualify(call.func) or ""
+    return qual.startswith("torch.optim.") or "optim" in last_part(qual).lower()
+
+
+# ---------------------------------------------------------------------------------------------
+# ACL501: device moves before prepare
+
+_CUDA = ("cuda", "cuda:0")
+
+
+@dataclass(eq=False)
+class EarlyMove:
+    """`.cuda()` / `.to("cuda")` on a model before an Accelerator's `prepare` places it."""
+
+    call: cst.Call  # the move call (`Net().cuda()`, `model.to(device)`)
+    stmt: Stmt
+    model_name: str
+    prepare_stmt: Stmt
+    dtype: cst.Arg | None  # the dtype argument a `.to(device, dtype)` keeps
+    statement_only: bool  # `model.cuda()` / `model = model.to(dev)`: the whole line moves
+
+
+def early_device_moves(model) -> list[EarlyMove]:
+    return model.memo("setup_facts.early_device_moves", _find_early_moves)
+
+
+def _find_early_moves(model) -> list[EarlyMove]:
+    found = []
+    for prepared in model.setup.prepared.values():
+        engine = model.setup.engines.get(prepared.engine)
+        if engine is None or engine.kind not in ("accelerate", "guard"):
+            continue
+        if not _engine_places(engine) or keyword(prepared.node, "device_placement") is not None:
+            continue
+        prepare_stmt = _prepare_stmt(model, prepared)
+        if prepare_stmt is None or "." in prepared.original:
+            continue
+        found.extend(_moves_of(model, prepared.original, prepare_stmt))
+    unique = {id(m.call): m for m in found}
+    return sorted(unique.values(), key=lambda m: m.stmt.order)
+
+
+def _engine_places(engine) -> bool:
+    """`Accelerator(device_placement=False)` leaves placement to the user."""
+    if engine.node is None:
+        return False
+    placement = keyword(engine.node, "device_placement")
+    return placement is None or (isinstance(placement, cst.Name) and placement.value == "True")
+
+
+def _prepare_stmt(model, prepared) -> Stmt | None:
+    for d in model.setup.prepared_defs:
+        if d.value is prepared.node:
+            return d.stmt
+    return None
+
+
+def _moves_of(model, name: str, prepare: Stmt) -> list[EarlyMove]:
+    """Moves of `name` in the statements of the prepare's function that come before it: in
+    its assignments (`model = Net().cuda()`) and as statements (`model.cuda()`)."""
+    moves = []
+    scope = prepare.scope
+    for stmt in scope.stmts:
+        if stmt.order >= prepare.order:
+            break
+        node = stmt.node
+        if isinstance(node, (cst.Assign, cst.AnnAssign)) and _assigns(node, name):
+            move = _move_in_chain(model, node.value, stmt.scope)
+            if move is not None:
+                call, dtype = move
+                whole = dotted(call.func.value) == name
+                moves.append(EarlyMove(call, stmt, name, prepare, dtype, whole))
+        elif isinstance(node, cst.Expr) and isinstance(node.value, cst.Call):
+            move = _move_in_chain(model, node.value, stmt.scope)
+            if move is not None and dotted(move[0].func.value) == name:
+                call, dtype = move
+                moves.append(EarlyMove(call, stmt, name, prepare, dtype, True))
+    return moves
+
+
+def _assigns(node, name: str) -> bool:
+    targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+    return any(dotted(t) == name for t in targets)
+
+
+def _move_in_chain(model, value, scope: Scope):
+    """(the move call, the dtype argument it also carries) along a method chain such as
+    `Net(cfg).cuda().train()`, else None."""
+    node = value
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        dtype = _cuda_move(model, node, scope)
+        if dtype is not False:
+            return node, dtype
+        node = node.func.value
+    return None
+
+
+def _cuda_move(model, call: cst.Call, scope: Scope):
+    """False unless `call` moves to a CUDA literal device; else the dtype argument it keeps
+    (None when there is none)."""
+    method = call.func.attr.value
+    if method == "cuda":
+        args = positional(call)
+        if not call.args or (len(call.args) == 1 and args and _is_device_zero(args[0])):
+            return None
+        return False  # `.cuda(local_rank)`: the rank's own device
+    if method != "to":
+        return False
+    device, rest = None, []
+    for arg in call.args:
+        if arg.star:
+            return False
+        if arg.keyword is not None and arg.keyword.value == "device":
+            device = arg.value
+        elif arg.keyword is None and device is None and not rest:
+            device = arg.value
+        else:
+            rest.append(arg)
+    if device is None or not _is_cuda_device(model, device, scope):
+        return False  # dtype-only `.to(torch.bfloat16)`, or a device of unknown origin
+    if len(rest) > 1 or any(a.keyword is not None and a.keyword.value != "dtype" for a in rest):
+        return False
+    return rest[0] if rest else None
+
+
+def _is_device_zero(node) -> bool:
+    return isinstance(node, cst.Integer) and node.value == "0"
+
+
+def _is_cuda_device(model, node, scope: Scope, depth: int = 0) -> bool:
+    """A literal `"cuda"` / `"cuda:0"` / `torch.device("cuda")` (the same device on every rank),
+    directly, through one name bound to it, or in an arm of `"cuda" if ... else "cpu"`.
+    `accelerator.device` and devices built from LOCAL_RANK are the rank's own."""
+    if string_value(node) in _CUDA:
+        return True
+    if isinstance(node, cst.IfExp):
+        arms = (node.body, node.orelse)
+        cuda = [a for a in arms if _is_cuda_device(model, a, scope, depth)]
+        return bool(cuda) and all(cuda_or_cpu(a) for a in arms)
+    if isinstance(node, cst.Call):
+        qual = model.imports.qualify(node.func) or ""
+        args = positional(node)
+        if qual == "torch.device" and args and not node.args[1:]:
+            return _is_cuda_device(model, args[0], scope, depth)
+        return False
+    text = dotted(node)
+    if text is None or "." in text or depth > 2:
+        return False
+    defs = scope.defs.get(text) or _enclosing_defs(text, scope)
+    if len(defs) != 1 or defs[0].op != "=" or defs[0].tuple_index is not None:
+        return False
+    return _is_cuda_device(model, defs[0].value, defs[0].stmt.scope, depth + 1)
+
+
+def cuda_or_cpu(node) -> bool:
+    if isinstance(node, cst.Call):
+        args = positional(node)
+        return len(args) == 1 and cuda_or_cpu(args[0])
+    return string_value(node) in (*_CUDA, "cpu")
+
+
+_HARMLESS_USES = {
+    "parameters",
+    "named_parameters",
+    "requires_grad_",
+    "train",
+    "eval",
+    "gradient_checkpointing_enable",
+    "enable_input_require_grads",
+}
+
+
+def moves_freely(model, move: EarlyMove) -> bool:
+    """Whether nothing between the move and `prepare` depends on the model's device: the model
+    is only read for its parameters (an optimizer built on them keeps the same objects after
+    `prepare` moves them) or switched between train and eval mode."""
+    name = move.model_name
+    between = [
+        s
+        for s in move.stmt.scope.stmts
+        if move.stmt.order < s.order < move.prepare_stmt.order and _reads_name(s.node, name)
+    ]
+    return all(_harmless_use(s.node, name) for s in between)
+
+
+def _reads_name(node, name: str) -> bool:
+    return any(isinstance(n, cst.Name) and n.value == name for n in walk(node))
+
+
+def _harmless_use(node, name: str) -> bool:
+    allowed = set()
+    for sub in walk(node):
+        pair = method_call(sub)
+        if pair is not None and dotted(pair[0]) == name and pair[1] in _HARMLESS_USES:
+            allowed.add(id(pair[0]))
+    if isinstance(node, cst.Assign) and any(dotted(t.target) == name for t in node.targets):
+        return False  # rebinding the model: the move's object is gone or wrapped
+    for sub in walk(node):
+        if isinstance(sub, cst.Name) and sub.value == name and id(sub) not in allowed:
+            return False
+    return True

@@ -1,0 +1,156 @@
+"""ACL403 metrics-without-gather: evaluation metrics fed by `gather` or by one process."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+HEAD = """
+import torch
+import evaluate
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+metric = evaluate.load("accuracy")
+model, opt, train_dl, eval_dl = accelerator.prepare(model, opt, train_dl, eval_dl)
+"""
+
+
+def with_head(body: str) -> str:
+    return textwrap.dedent(HEAD) + textwrap.dedent(body)
+
+
+ADD_BATCH = (
+    HEAD
+    + """
+model.eval()
+for batch in eval_dl:
+    with torch.no_grad():
+        preds = model(**batch).logits.argmax(-1)
+    p, r = accelerator.gather((preds, batch["labels"]))  # both tensors
+    metric.add_batch(predictions=p, references=r)
+print(metric.compute())
+"""
+)
+
+
+def test_gather_feeding_add_batch_becomes_gather_for_metrics(acl403, at):
+    assert acl403.findings(ADD_BATCH) == [("ACL403", *at(ADD_BATCH, "accelerator.gather("))]
+    assert acl403.fixed(ADD_BATCH) == textwrap.dedent(ADD_BATCH).replace(
+        "accelerator.gather(", "accelerator.gather_for_metrics("
+    )
+
+
+def test_gather_inside_the_metric_call(acl403, at):
+    source = with_head("""
+    for batch in eval_dl:
+        with torch.no_grad():
+            preds = model(**batch).logits.argmax(-1)
+        metric.add_batch(predictions=accelerator.gather(preds), references=batch["labels"])
+    """)
+    assert acl403.findings(source) == [("ACL403", *at(source, "accelerator.gather("))]
+
+
+def test_prediction_list_in_an_evaluate_function(acl403, at):
+    source = """
+    import torch
+
+    def evaluate(accelerator, model, loader):
+        all_preds = []
+        for batch in loader:
+            with torch.no_grad():
+                logits = model(batch["x"])
+            gathered = accelerator.gather(logits)
+            all_preds.append(gathered.argmax(-1).cpu())
+        return torch.cat(all_preds)
+    """
+    assert acl403.findings(source) == [("ACL403", *at(source, "accelerator.gather("))]
+
+
+def test_running_counts_after_later_assignments(acl403, at):
+    source = with_head("""
+    correct = 0
+    for inputs, targets in eval_dl:
+        with torch.no_grad():
+            logits = model(inputs)
+        logits, targets = accelerator.gather((logits, targets))
+        hits = logits.argmax(-1) == targets
+        correct += hits.sum().item()
+    """)
+    assert acl403.findings(source) == [("ACL403", *at(source, "accelerator.gather("))]
+
+
+def test_metric_updated_from_one_process_is_reported_without_a_fix(acl403, at):
+    source = with_head("""
+    for batch in eval_dl:
+        with torch.no_grad():
+            preds = model(**batch).logits.argmax(-1)
+        metric.add_batch(predictions=preds, references=batch["labels"])
+    """)
+    assert acl403.findings(source) == [("ACL403", *at(source, "metric.add_batch"))]
+    assert acl403.fixed(source) == textwrap.dedent(source)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # gather_for_metrics already drops the padding
+        'p, r = accelerator.gather_for_metrics((preds, batch["labels"]))\n'
+        "metric.add_batch(predictions=p, references=r)",
+        # a scalar summary reduced across processes
+        "total = accelerator.reduce(preds.sum(), reduction='sum')\nprint(total)",
+        # gathered values that never reach a metric
+        "accelerator.print(accelerator.gather(preds).shape)",
+        # the padded tail truncated by hand
+        "p = accelerator.gather(preds)\n"
+        "if step == len(eval_dl) - 1:\n"
+        "    p = p[: len(eval_dl.dataset) - seen]\n"
+        "else:\n"
+        "    seen += p.shape[0]\n"
+        'metric.add_batch(predictions=p, references=batch["labels"])',
+    ],
+)
+def test_clean_evaluation_loops(acl403, body):
+    source = textwrap.dedent(HEAD) + (
+        "seen = 0\n"
+        "for step, batch in enumerate(eval_dl):\n"
+        "    with torch.no_grad():\n"
+        "        preds = model(**batch).logits.argmax(-1)\n" + textwrap.indent(body, "    ") + "\n"
+    )
+    assert acl403.findings(source) == []
+
+
+def test_gather_in_the_training_loop_for_loss_logging_is_clean(acl403):
+    source = with_head("""
+    losses = []
+    for batch in train_dl:
+        loss = model(**batch).loss
+        accelerator.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        losses.append(accelerator.gather(loss.detach()).mean())
+    """)
+    assert acl403.findings(source) == []
+
+
+def test_torchmetrics_and_unprepared_loaders_are_not_called_unsynchronised(acl403):
+    source = """
+    import torch
+    import torchmetrics
+    import evaluate
+    from accelerate import Accelerator
+
+    accelerator = Accelerator()
+    acc = torchmetrics.Accuracy(task="multiclass", num_classes=3)
+    metric = evaluate.load("accuracy")
+    model, val_dl = accelerator.prepare(model, val_dl)
+    for x, y in val_dl:
+        with torch.no_grad():
+            acc.update(model(x), y)
+    if accelerator.is_main_process:
+        for x, y in test_dl:
+            with torch.no_grad():
+                metric.add_batch(predictions=model(x).argmax(-1), references=y)
+    """
+    assert acl403.findings(source) == []

@@ -1,0 +1,250 @@
+"""ACL502 eval-without-no-grad: evaluation that records graphs or runs in the wrong mode."""
+
+from __future__ import annotations
+
+import pytest
+
+DATA = """
+import torch
+from torch import nn
+
+model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.1), nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+"""
+
+VALIDATE = DATA + """
+def validate(model, loader):
+    model.eval()
+    return sum(crit(model(x), y).item() for x, y in loader) / len(loader)
+
+model.train()
+for epoch in range(3):
+    for x, y in train_loader:
+        crit(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    print(validate(model, val_loader))
+"""
+
+
+def test_validate_without_no_grad_that_leaves_eval_mode_is_one_finding(acl502, at):
+    [finding] = acl502.diagnostics(VALIDATE)
+    assert (finding.code, finding.start.line, finding.start.column) == (
+        "ACL502",
+        *at(VALIDATE, "model(x), y).item()"),
+    )
+    assert "gradients enabled" in finding.message and "model.train()" in finding.message
+
+
+def test_eval_loop_over_a_val_loader_without_no_grad(acl502, at):
+    source = DATA + """
+for epoch in range(3):
+    model.train()
+    for x, y in train_loader:
+        crit(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+    for x, y in tqdm(val_loader):
+        val_loss = crit(model(x), y)
+"""
+    assert acl502.findings(source) == [("ACL502", *at(source, "model(x), y)", 1))]
+
+
+def test_trainer_method_named_evaluate(acl502, at):
+    source = """
+    import torch
+
+    class Trainer:
+        def evaluate(self):
+            self.model.eval()
+            for batch in self.loader:
+                out = self.model(batch)
+                self.metric.update(out)
+    """
+    assert acl502.findings(source) == [("ACL502", *at(source, "self.model(batch)"))]
+
+
+def test_eval_mode_never_undone_in_the_epoch_loop(acl502, at):
+    source = DATA + """
+model.train()
+for epoch in range(3):
+    for x, y in train_loader:
+        crit(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+    with torch.no_grad():
+        for x, y in val_loader:
+            crit(model(x), y)
+"""
+    assert acl502.findings(source) == [("ACL502", *at(source, "model.eval()"))]
+
+
+def test_eval_mode_set_inside_a_helper_called_each_epoch(acl502, at):
+    source = DATA + """
+@torch.no_grad()
+def evaluate(net, loader):
+    net.eval()
+    return [net(x) for x, _ in loader]
+
+def main():
+    model.train()
+    for epoch in range(2):
+        for x, y in train_loader:
+            crit(model(x), y).backward()
+            opt.step()
+        evaluate(model, val_loader)
+"""
+    assert acl502.findings(source) == [("ACL502", *at(source, "net.eval()"))]
+
+
+def test_evaluation_in_a_file_that_never_sets_eval_mode(acl502, at):
+    source = DATA + """
+for epoch in range(3):
+    for x, y in train_loader:
+        crit(model(x), y).backward()
+        opt.step()
+    with torch.no_grad():
+        for x, y in val_loader:
+            crit(model(x), y)
+"""
+    [finding] = acl502.diagnostics(source)
+    assert (finding.start.line, finding.start.column) == at(source, "model(x), y)", 1)
+    assert "no `.eval()`" in finding.message
+
+
+GOOD_BODIES = {
+    "no_grad_decorator": "@torch.no_grad()\ndef validate(model, loader):\n"
+    "    model.eval()\n    return [model(x) for x, _ in loader]\n",
+    "bare_decorator": "@torch.inference_mode\ndef evaluate(model, loader):\n"
+    "    model.eval()\n    return [model(x) for x, _ in loader]\n",
+    "project_decorator": "@smart_inference_mode()\ndef validate(model, loader):\n"
+    "    model.eval()\n    return [model(x) for x, _ in loader]\n",
+    "with_two_items": "def validate(model, loader):\n    model.eval()\n"
+    "    with torch.no_grad(), torch.autocast('cuda'):\n"
+    "        return [model(x) for x, _ in loader]\n",
+    "set_grad_enabled_statement": "def validate(model, loader):\n    model.eval()\n"
+    "    torch.set_grad_enabled(False)\n    return [model(x) for x, _ in loader]\n",
+    "generate": "def evaluate(model, loader):\n    model.eval()\n"
+    "    return [model.generate(x) for x, _ in loader]\n",
+    "test_time_adaptation": "def test(model, loader):\n    model.eval()\n"
+    "    for x, _ in loader:\n        loss = model(x).entropy()\n        loss.backward()\n",
+    "saliency": "def evaluate(model, loader):\n    model.eval()\n    for x, y in loader:\n"
+    "        x.requires_grad_(True)\n"
+    "        g = torch.autograd.grad(model(x)[0, y], x)\n",
+    "lightning_hook": "class Lit(LightningModule):\n"
+    "    def validation_step(self, batch, idx):\n        return self.model(batch)\n",
+    "factory_call": "@torch.no_grad()\ndef validate(loader):\n    model = create_model('x')\n"
+    "    model.eval()\n    return [model(x) for x, _ in loader]\n",
+    "restores_train_mode": "@torch.no_grad()\ndef validate(model, loader):\n"
+    "    model.eval()\n    try:\n        return [model(x) for x, _ in loader]\n"
+    "    finally:\n        model.train()\n",
+}
+
+
+@pytest.mark.parametrize("body", GOOD_BODIES.values(), ids=GOOD_BODIES.keys())
+def test_clean_evaluation_functions(acl502, body):
+    assert acl502.findings(DATA + body) == []
+
+
+def test_caller_wraps_the_evaluate_helper_in_no_grad(acl502):
+    source = DATA + """
+def evaluate(model, loader):
+    model.eval()
+    out = [model(x) for x, _ in loader]
+    model.train()
+    return out
+
+with torch.no_grad():
+    evaluate(model, val_loader)
+"""
+    assert acl502.findings(source) == []
+
+
+def test_phase_loop_with_set_grad_enabled(acl502):
+    source = DATA + """
+for epoch in range(2):
+    for phase in ["train", "val"]:
+        model.train() if phase == "train" else model.eval()
+        for x, y in loaders[phase]:
+            with torch.set_grad_enabled(phase == "train"):
+                loss = crit(model(x), y)
+                if phase == "train":
+                    loss.backward()
+                    opt.step()
+"""
+    assert acl502.findings(source) == []
+
+
+def test_train_at_the_top_of_each_epoch_is_clean(acl502):
+    source = DATA + """
+for epoch in range(3):
+    model.train()
+    for x, y in train_loader:
+        crit(model(x), y).backward()
+        opt.step()
+    model.eval()
+    with torch.inference_mode():
+        val = [crit(model(x), y).item() for x, y in val_loader]
+"""
+    assert acl502.findings(source) == []
+
+
+def test_train_mode_restored_by_an_imported_epoch_function(acl502):
+    source = DATA + """
+from engine import train_one_epoch
+
+for epoch in range(3):
+    for x, y in train_loader:
+        crit(model(x), y).backward()
+        opt.step()
+    train_one_epoch(model, extra_loader)
+    model.eval()
+"""
+    assert acl502.findings(source) == []
+
+
+def test_frozen_teacher_stays_in_eval_mode(acl502):
+    source = DATA + """
+teacher.requires_grad_(False)
+model.train()
+for epoch in range(3):
+    teacher.eval()
+    for x, y in train_loader:
+        with torch.no_grad():
+            target = teacher(x)
+        crit(model(x), target).backward()
+        opt.step()
+"""
+    assert acl502.findings(source) == []
+
+
+def test_function_that_trains_through_a_helper_is_not_an_evaluation(acl502):
+    source = DATA + """
+def train(model, loader):
+    for x, y in loader:
+        crit(model(x), y).backward()
+        opt.step()
+
+def eval_linear(model, loader):
+    train(model, loader)
+    model.eval()
+    return model(next(iter(loader))[0])
+"""
+    assert acl502.findings(source) == []
+
+
+def test_never_setting_eval_mode_without_dropout_or_batchnorm_is_clean(acl502):
+    source = """
+    import torch
+
+    for epoch in range(3):
+        for x, y in train_loader:
+            crit(net(x), y).backward()
+            opt.step()
+        with torch.no_grad():
+            for x, y in test_loader:
+                crit(net(x), y)
+    """
+    assert acl502.findings(source) == []
