@@ -55,7 +55,7 @@ def _trained_backward(model, cast: Autocast):
     frozen = frozen_names(model)
     for loop in model.loops:
         for site in loop.backwards:
-            if site.stmt.scope is not scope or _scaled(model, site):
+            if site.stmt.scope is not scope or _scaled(model, site) or _vjp(model, site):
                 continue
             if _inside(site.stmt, cast) or _flows_through(model, site, cast, frozen):
                 return site
@@ -73,6 +73,14 @@ def _scaled(model, site) -> bool:
     call = site.call
     receiver = getattr(call.func, "value", None)
     return receiver is not None and model.is_scaled_loss(receiver, site.stmt.scope, site.stmt.order)
+
+
+def _vjp(model, site) -> bool:
+    """`out.backward(grad_out)`: a gradient handed in for a non-scalar output (a gradient test,
+    a vector-Jacobian product), not a loss being trained."""
+    if site.kind != "backward" or model.is_backward_function(site.call):
+        return False
+    return any(a.keyword is None and not a.star for a in site.call.args)
 
 
 def _inside(stmt, cast: Autocast) -> bool:

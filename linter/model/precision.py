@@ -53,6 +53,8 @@ _PARAMETER_METHODS = {"parameters", "named_parameters"}
 # Module methods that work in place and return the module (`model.to(d).half()`).
 _MODULE_METHODS = {"to", "half", "bfloat16", "float", "cuda", "cpu", "requires_grad_", "train"}
 _MAX_DEPTH = 3
+_MASTER_WEIGHT_PACKAGES = ("apex.",)
+_OPTIMIZER_CLASS = re.compile(r"optim|adam|sgd|lamb|lion|adafactor|prodigy|rmsprop|adagrad", re.I)
 _ADAPTERS = {"get_peft_model", "PeftModel.from_pretrained"}
 
 
@@ -479,13 +481,21 @@ def _dotted_names(node: cst.CSTNode):
 
 
 def _is_optimizer_call(model, site) -> bool:
+    """An optimizer's construction, by its class (`torch.optim.AdamW`, `Adam8bit`,
+    `optimizer_class` bound to one). apex's fused optimizers keep fp32 master weights and take
+    the scaler themselves: left to the runtime check."""
     qual = model.imports.qualify(site.call.func) or ""
-    if _callee_kind(qual) == "optimizer":
+    if qual.startswith(_MASTER_WEIGHT_PACKAGES):
+        return False
+    if _callee_kind(qual) == "optimizer" or _OPTIMIZER_CLASS.search(last_part(qual)):
         return True
-    d = site.stmt.node
-    if isinstance(d, cst.Assign) and d.value is site.call and len(d.targets) == 1:
-        return model.is_optimizer(dotted(d.targets[0].target))
-    return False
+    values = [d.value for d in model.module_defs(dotted(site.call.func) or "") if d.value]
+    return any(
+        _callee_kind(model.imports.qualify(sub) or "") == "optimizer"
+        for value in values
+        for sub in walk(value)
+        if isinstance(sub, cst.Attribute | cst.Name)
+    )
 
 
 def frozen_names(model) -> set[str]:

@@ -260,3 +260,17 @@ def test_raw_backward_in_a_scaler_loop_is_acl101_only_and_its_fix_is_the_whole_f
     libcst.parse_module(outcome.text)
     assert outcome.text == source.replace("loss.backward()", "scaler.scale(loss).backward()")
     assert analyse(outcome.text) == []
+
+
+def test_backward_of_a_handed_in_gradient_is_not_a_trained_loss(acl106):
+    """`out.backward(grad_out)` checks gradients of a non-scalar output; nothing is trained."""
+    source = """
+    import torch
+
+    for shape in shapes:
+        with torch.amp.autocast("cuda"):
+            out = layer(inputs[shape])
+        out.backward(grad_out[shape])
+    """
+    assert acl106.findings(source) == []
+    assert acl106.findings(source.replace("out.backward(grad_out[shape])", "out.sum().backward()"))

@@ -248,3 +248,15 @@ def test_freezing_only_some_layers_keeps_the_model_trained(acl107, at):
         "optimizer = ", "for p in model.parameters():\n    p.requires_grad = False\noptimizer = "
     )
     assert acl107.findings(frozen) == []
+
+
+def test_master_weight_optimizers_that_take_the_scaler_are_left_to_the_runtime(acl107):
+    """apex's fused optimizers keep fp32 master copies of fp16 weights and unscale themselves
+    (and a list named `param_optimizer` is not an optimizer)."""
+    source = RAW.replace(
+        "optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)",
+        "param_optimizer = list(model.named_parameters())\n"
+        "optimizer = DistributedFusedLAMB(param_optimizer, lr=1e-3)",
+    )
+    source = "from apex.contrib.optimizers import DistributedFusedLAMB\n" + source
+    assert acl107.findings(source) == []
