@@ -9,13 +9,19 @@ RULE = Rule(
     severity="error",
     fix="safe",
     runtime="full",
-    static=False,
+    static=True,
     docs="""\
 ## What it does
-Flags `.step()` or `.zero_grad()` on a name that was passed to `prepare(...)` when the matching
-return value was bound to a different name, after that call. It also reports, without a fix, a
-scheduler that never went through `prepare` but is stepped inside an `accumulate()` block with
-K > 1.
+Flags `.step()` / `.zero_grad()` on an optimizer or scheduler that was passed to `prepare(...)`
+while the matching return value was bound to a different name, after that call: on the same
+name later in the function, in a function that reads it from the module, in another method of
+the class (`self.optimizer` stepped while `self.opt` holds the wrapper), or through a helper's
+parameter when the caller passes the original. The calls on one original object in one function
+are one finding. It also reports, without a fix, a scheduler built in the module that no
+`prepare` call received but that is stepped inside an `accumulate()` block with K > 1 (unless the
+step is gated on `sync_gradients`, or the schedule's length is counted in micro-batches, such as
+`max_steps * gradient_accumulation_steps`). Reading the original (`opt.param_groups`,
+`opt.state_dict()`), using it before the prepare, and epoch-level schedulers are left alone.
 
 ## Why is this bad?
 The objects returned by `prepare` do the gating: they step and zero only on sync steps, go through
@@ -44,9 +50,10 @@ for batch in dl:
 
 ## Fix safety
 Safe. The receiver is replaced by the prepared name (`opt.step()` becomes `p_opt.step()`), only
-where that name is in scope at the call; the wrapper drives the same inner object. A scheduler
-that was never prepared gets no fix: adding it to `prepare` would also change how often it steps
-(ACL310).
+where that name is in scope at the call; for a helper, the argument at the call site is
+replaced (`train(model, opt)` becomes `train(model, p_opt)`). The wrapper drives the same inner
+object. No fix when the wrapper was discarded (`_`) or is out of reach. A scheduler that was
+never prepared gets no fix: adding it to `prepare` would also change how often it steps (ACL310).
 
 ## At runtime
 At `prepare` the guard patches the inner optimizer's and scheduler's `step`; a call that does not
