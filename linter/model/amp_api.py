@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from linter.model.cst_util import children, code, dotted
+from linter.model.cst_util import children, dotted
 
 # full path -> (device type, the `torch.amp` name)
 DEPRECATED: dict[str, tuple[str, str]] = {}
@@ -43,13 +43,13 @@ DEPRECATED_MODULES = {"torch.cuda.amp": "cuda", "torch.cpu.amp": "cpu"}
 TORCH_AMP_NAMES = {"autocast", "GradScaler", "custom_fwd", "custom_bwd"}
 
 # Cheap text test: a module that never writes one of these cannot reference the deprecated API.
-_MENTION = re.compile(r"\b(cuda|cpu)\s*\.\s*amp\b|\b(cuda|cpu)\s+import\b")
+_MENTION = re.compile(r"(?:cuda|cpu)(?:\s*\.\s*amp\b|\s+import\b)")
 # A test that selects code by torch version or feature (`is_torch_version(">=", "2.4")`,
 # `TORCH_GREATER_EQUAL_2_4`, `hasattr(torch.amp, "GradScaler")`, `digit_version(...)`).
 _COMPAT_TEST = re.compile(r"version|hasattr|getattr|\d_\d|torch_?\d|greater|less_than", re.I)
 _FALLBACK_ERRORS = {"ImportError", "ModuleNotFoundError", "AttributeError"}
 _BROAD_ERRORS = {"Exception", "BaseException"}
-_MODERN = re.compile(r"\btorch\s*\.\s*(amp|autocast)\b|\btorch\s+import\s+amp\b")
+_MODERN_PREFIXES = ("torch.amp", "torch.autocast")
 
 
 @dataclass(eq=False)
@@ -145,13 +145,17 @@ class _Ctx:
     guarded: bool = False
 
 
+_HANDLERS: dict[type, object] = {}
+
+
 class _Walker:
     """One pass over the whole tree: bindings, candidate uses and the compatibility context."""
 
     def __init__(self, api: AmpApi) -> None:
         self.api = api
         self.imports: list[tuple[str, str, cst.CSTNode, cst.ImportAlias, _Ctx]] = []
-        self.candidates: list[tuple[cst.BaseExpression, str, cst.Call | None, _Ctx]] = []
+        self.candidates: list[tuple[cst.BaseExpression, str, str, cst.Call | None, _Ctx]] = []
+        self.modern = 0  # uses of `torch.amp` / `torch.autocast` seen so far
         self.lines: dict[int, tuple[cst.CSTNode, bool, int]] = {}
 
     def run(self, module: cst.Module) -> None:
@@ -175,10 +179,13 @@ class _Walker:
             self._node(suite, ctx)
 
     def _node(self, node: cst.CSTNode, ctx: _Ctx) -> None:
-        handler = getattr(self, f"_on_{type(node).__name__}", None)
-        if handler is not None:
-            handler(node, ctx)
-            return
+        kind = type(node)
+        handler = _HANDLERS.get(kind)
+        if handler is None:
+            handler = _HANDLERS[kind] = getattr(_Walker, f"_on_{kind.__name__}", _Walker._visit)
+        handler(self, node, ctx)
+
+    def _visit(self, node: cst.CSTNode, ctx: _Ctx) -> None:
         for child in children(node):
             self._node(child, ctx)
 
@@ -207,6 +214,8 @@ class _Walker:
         if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
             return
         module = dotted(node.module) or ""
+        if module == "torch.amp" or module.startswith("torch.amp."):
+            self.modern += 1
         for alias in node.names:
             name = dotted(alias.name) or ""
             local = name
@@ -226,8 +235,9 @@ class _Walker:
         self._suite(node.body, _with(ctx, function=node))
 
     def _decorator(self, expr: cst.BaseExpression, ctx: _Ctx) -> None:
-        if dotted(expr) is not None:
-            self.candidates.append((expr, "decorator", None, ctx))
+        text = dotted(expr)
+        if text is not None:
+            self._candidate(expr, text, "decorator", None, ctx)
         else:
             self._node(expr, ctx)
 
@@ -332,15 +342,14 @@ class _Walker:
         self._node(node.orelse, inner)
 
     def _on_Try(self, node: cst.Try, ctx: _Ctx) -> None:
-        modern = None
         probing = any(_catches(h.type, _FALLBACK_ERRORS) for h in node.handlers)
+        modern_before = self.modern
         self._suite(node.body, _with(ctx, guarded=True) if probing else ctx)
+        modern = self.modern > modern_before
         for handler in node.handlers:
-            fallback = _catches(handler.type, _FALLBACK_ERRORS)
-            if not fallback and _catches(handler.type, _BROAD_ERRORS, bare=True):
-                if modern is None:
-                    modern = bool(_MODERN.search(code(node.body)))
-                fallback = modern
+            fallback = _catches(handler.type, _FALLBACK_ERRORS) or (
+                modern and _catches(handler.type, _BROAD_ERRORS, bare=True)
+            )
             if handler.name is not None:
                 self._target(handler.name.name, ctx)
             self._suite(handler.body, _with(ctx, fallback=True) if fallback else ctx)
@@ -354,23 +363,25 @@ class _Walker:
     # expressions -------------------------------------------------------------------------
     def _on_Call(self, node: cst.Call, ctx: _Ctx) -> None:
         func = node.func
-        if dotted(func) is not None:
-            self.candidates.append((func, "call", node, ctx))
+        text = dotted(func)
+        if text is not None:
+            self._candidate(func, text, "call", node, ctx)
         else:
             self._node(func, ctx)
-        probe = dotted(func) in ("getattr", "hasattr")
+        probe = text in ("getattr", "hasattr")
         inner = _with(ctx, fallback=True) if probe else _with(ctx, annotation=False)
         for arg in node.args:
             self._node(arg.value, inner)
 
     def _on_Attribute(self, node: cst.Attribute, ctx: _Ctx) -> None:
-        if dotted(node) is not None:
-            self._use(node, ctx)
+        text = dotted(node)
+        if text is not None:
+            self._use(node, text, ctx)
         else:
             self._node(node.value, ctx)
 
     def _on_Name(self, node: cst.Name, ctx: _Ctx) -> None:
-        self._use(node, ctx)
+        self._use(node, node.value, ctx)
 
     def _on_Arg(self, node: cst.Arg, ctx: _Ctx) -> None:
         self._node(node.value, ctx)
@@ -378,8 +389,13 @@ class _Walker:
     def _on_SimpleString(self, node, ctx: _Ctx) -> None:
         return
 
-    def _use(self, node: cst.BaseExpression, ctx: _Ctx) -> None:
-        self.candidates.append((node, "annotation" if ctx.annotation else "value", None, ctx))
+    def _use(self, node: cst.BaseExpression, text: str, ctx: _Ctx) -> None:
+        self._candidate(node, text, "annotation" if ctx.annotation else "value", None, ctx)
+
+    def _candidate(self, node, text: str, role: str, call, ctx: _Ctx) -> None:
+        if text.startswith(_MODERN_PREFIXES):
+            self.modern += 1  # `torch.amp...` in a `try` body makes a broad `except` a fallback
+        self.candidates.append((node, text, role, call, ctx))
 
     # resolution ------------------------------------------------------------------------------
     def resolve(self) -> None:
@@ -407,8 +423,7 @@ class _Walker:
                         ctx.guarded,
                     )
                 )
-        for node, role, call, ctx in self.candidates:
-            text = dotted(node) or ""
+        for node, text, role, call, ctx in self.candidates:
             head, _, rest = text.partition(".")
             targets = api.imported.get(head)
             if not targets or len(targets) != 1:
@@ -441,7 +456,15 @@ def _returns_early(statement: cst.CSTNode) -> bool:
 
 
 def _is_compat_test(test: cst.BaseExpression) -> bool:
-    return bool(_COMPAT_TEST.search(code(test)))
+    """Names, attributes and strings of the test, searched for a version or feature probe (no
+    code generation: tests are read on every `if` of the module)."""
+    words = []
+    for node in _walk(test):
+        if isinstance(node, cst.Name):
+            words.append(node.value)
+        elif isinstance(node, cst.SimpleString):
+            words.append(node.value)
+    return bool(_COMPAT_TEST.search(" ".join(words)))
 
 
 def _catches(kind: cst.BaseExpression | None, names: set[str], bare: bool = False) -> bool:

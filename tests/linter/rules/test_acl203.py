@@ -473,3 +473,32 @@ def test_fallback_after_an_early_return_on_a_feature_test(acl203):
     assert acl203.findings(source) == []
     plain = source.replace('hasattr(torch.amp, "GradScaler")', "enabled")
     assert len(acl203.findings(plain)) == 1
+
+
+def test_broad_except_after_a_torch_amp_attempt_is_a_fallback(acl203):
+    source = """
+    import torch
+
+    try:
+        scaler = torch.amp.GradScaler("cuda")
+    except Exception:
+        scaler = torch.cuda.amp.GradScaler()
+    try:
+        other = build()
+    except Exception:
+        other = torch.cuda.amp.GradScaler()
+    """
+    assert [f[1] for f in acl203.findings(source)] == [10]
+
+
+def test_optional_torch_import_still_resolves_the_chain(acl203):
+    source = """
+    try:
+        import torch
+    except ImportError:
+        torch = None
+
+    scaler = torch.cuda.amp.GradScaler()
+    """
+    assert len(acl203.findings(source)) == 1
+    assert 'scaler = torch.amp.GradScaler("cuda")' in acl203.fixed(source)
