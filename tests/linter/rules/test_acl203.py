@@ -488,7 +488,7 @@ def test_broad_except_after_a_torch_amp_attempt_is_a_fallback(acl203):
     except Exception:
         other = torch.cuda.amp.GradScaler()
     """
-    assert [f[1] for f in acl203.findings(source)] == [10]
+    assert [f[1] for f in acl203.findings(source)] == [11]
 
 
 def test_optional_torch_import_still_resolves_the_chain(acl203):
