@@ -24,6 +24,7 @@ from linter.model.loops import Site
 from linter.model.setup import Prepared, is_prepare_call
 
 _METHODS = ("step", "zero_grad")
+_SINGLE_PREPARES = {"prepare_scheduler", "prepare_optimizer", "prepare_data_loader"}
 
 
 @dataclass(eq=False)
@@ -244,10 +245,12 @@ def _unprepared_steps(model) -> list[UnpreparedStep]:
 
 
 def _passed_to_prepare(model) -> set[str]:
-    """The text of every argument of every prepare call of an engine in the module."""
+    """The text of every argument of every prepare call of an engine in the module, the
+    one-object forms included (`accelerator.prepare_scheduler(sched)`)."""
     texts = set()
     for call in model.calls:
-        if is_prepare_call(call.call) and model.engine_for(call.receiver, call.stmt.scope):
+        prepares = is_prepare_call(call.call) or call.method in _SINGLE_PREPARES
+        if prepares and model.engine_for(call.receiver, call.stmt.scope):
             texts.update(code(arg.value) for arg in call.call.args)
     return texts
 

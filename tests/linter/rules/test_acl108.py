@@ -272,3 +272,12 @@ def test_no_prepare_in_the_module(acl108):
             scheduler.step()
     """
     assert acl108.findings(source) == []
+
+
+def test_scheduler_prepared_on_its_own(acl108):
+    source = UNPREPARED.replace(
+        "model, optimizer, dl = accelerator.prepare(model, optimizer, dl)",
+        "model, optimizer, dl = accelerator.prepare(model, optimizer, dl)\n"
+        "lr_scheduler = accelerator.prepare_scheduler(lr_scheduler)",
+    )
+    assert acl108.findings(source) == []
