@@ -11,12 +11,12 @@ from linter.model.cst_util import code
 
 def check(ctx) -> None:
     model = ctx.model
-    for loop, window in windows.window_gates(model):
-        if _drops_tail(model, loop, window):
+    for _, window in windows.window_gates(model):
+        if _drops_tail(model, window):
             _report(ctx, window)
 
 
-def _drops_tail(model, loop, window) -> bool:
+def _drops_tail(model, window) -> bool:
     """The gate reads the `enumerate` index of a loop over a loader with a length and has no
     last-batch clause. Left alone: counters kept across epochs (`global_step % K`) and loops
     over iterables without a length, where windows span epochs on purpose; `accumulate()`,
@@ -24,7 +24,7 @@ def _drops_tail(model, loop, window) -> bool:
     base = window.base
     if base is None or base.source != "enumerate" or not base.sized:
         return False
-    if window.last_batch_clause or windows.tail_flushed_elsewhere(model, loop, window):
+    if window.last_batch_clause or windows.tail_flushed_elsewhere(model, window):
         return False
     return not any(model.regions_around(s, "accumulate") for s in _gate_stmts(window))
 

@@ -57,7 +57,8 @@ class WindowGate:
         return self.modulo.right
 
     def error(self) -> int | None:
-        """How many micro-batches early (< 0) or late (> 0) the gate fires, 0 when on time.
+        """0 when the gate closes windows on micro-batches K, 2K, ...; -1 when on 1, K + 1, ...
+        (`i % K == 0` over a 0-based index); +1 when on K - 1, 2K - 1, ...; None if unknown.
 
         The gate fires when index + offset == remainder (mod K); on the n-th micro-batch the
         index is `first + n - 1` and n (n - 1 before the backward) batches have been summed, so a
@@ -92,6 +93,8 @@ def _build_window_gates(model) -> list[tuple[TrainingLoop, WindowGate]]:
 
 
 def _window_gate(model, loop: TrainingLoop, gate: Gate) -> WindowGate | None:
+    """The facts of a modulo gate, or None when its test has no `X % K == R` the window rules
+    can read (a remainder other than 0 or K - 1, a modulus compared the other way round)."""
     scope = gate.caller or loop.scope
     inside = [s for s in scope.stmts if any(f.node is gate.node for f in s.frames)]
     if not inside or gate.test is None:
@@ -121,7 +124,7 @@ def _window_gate(model, loop: TrainingLoop, gate: Gate) -> WindowGate | None:
     )
     if window.index is not None and around is not None:
         window.base = _enumerate_base(around, window.index, scope) or _counter_base(
-            model, scope, around, window.index, gate, inside
+            scope, around, window.index, gate, inside
         )
     return window
 
@@ -261,7 +264,7 @@ def _sized_loader(iterable: cst.BaseExpression, scope: Scope) -> cst.BaseExpress
 
 
 def _counter_base(
-    model, scope: Scope, loop: cst.CSTNode, index: str, gate: Gate, inside: list[Stmt]
+    scope: Scope, loop: cst.CSTNode, index: str, gate: Gate, inside: list[Stmt]
 ) -> IndexBase | None:
     """The base of a counter incremented once per micro-batch in the loop: its start value,
     plus one when the increment comes before the gate. A counter incremented on the update
@@ -331,7 +334,7 @@ def edited_condition(window: WindowGate) -> tuple[cst.BaseExpression, bool]:
 
 
 # what else steps the optimizer -----------------------------------------------------------------
-def tail_flushed_elsewhere(model, loop: TrainingLoop, window: WindowGate) -> bool:
+def tail_flushed_elsewhere(model, window: WindowGate) -> bool:
     """Another optimizer step outside this gate: in another branch of the loop, or after the
     loop in the same function (`if (i + 1) % K: opt.step()` once the epoch is over)."""
     node = window.gate.node
