@@ -233,3 +233,33 @@ def test_with_acl303_both_move_under_the_same_gate():
                 sched.step()
         """
     )
+
+
+def test_disabled_scaler_needs_no_skip_test(acl305):
+    source = """
+    scaler = torch.amp.GradScaler("cuda", enabled=False)
+    for x, y in dl:
+        scaler.scale(crit(model(x), y)).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        sched.step()
+    """
+    assert acl305.findings(source) == []
+
+
+def test_ungated_scheduler_in_a_scaler_loop_is_variant_a(acl305, at):
+    """Stepped per micro-batch in an fp16 loop: one finding, the one with the fix."""
+    source = """
+    scaler = torch.amp.GradScaler()
+    for i, (x, y) in enumerate(dl):
+        scaler.scale(crit(model(x), y) / K).backward()
+        if (i + 1) % K == 0 or i + 1 == len(dl):
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+        sched.step()
+    """
+    (finding,) = acl305.diagnostics(source)
+    assert (finding.start.line, finding.start.column) == at(source, "sched.step")
+    assert finding.fix is not None and not finding.message.startswith("hint")
