@@ -361,16 +361,23 @@ def _last_order(window: WindowGate) -> int:
 # the window's statements ----------------------------------------------------------------------
 def manual_window(model, loop: TrainingLoop, stmt: Stmt) -> Gate | None:
     """The manual accumulation gate (K > 1) of the path through `stmt`, else None: loops that
-    step every batch, and loops under `accumulate()`, have no manual window."""
+    step every batch, and loops that enter `accumulate()`, have no manual window."""
     gate = model.gate_for(loop, stmt)
     if gate is None or gate.kind not in MANUAL_GATES or gate.k is None:
         return None
     value = int_value(gate.k)
     if value is not None and value <= 1:
         return None
-    if model.regions_around(stmt, "accumulate"):
-        return None
+    if _accumulates(model, loop):
+        return None  # prepared optimizers and schedulers act only on the engine's sync steps
     return gate
+
+
+def _accumulates(model, loop: TrainingLoop) -> bool:
+    """Whether the loop enters `accumulate()` anywhere in its body."""
+    return any(
+        r.kind == "accumulate" and any(f.node is loop.node for f in r.frames) for r in model.regions
+    )
 
 
 def zeroing_micro_loop(loop: TrainingLoop, stmt: Stmt) -> bool:

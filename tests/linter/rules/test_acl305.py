@@ -263,3 +263,21 @@ def test_ungated_scheduler_in_a_scaler_loop_is_variant_a(acl305, at):
     (finding,) = acl305.diagnostics(source)
     assert (finding.start.line, finding.start.column) == at(source, "sched.step")
     assert finding.fix is not None and not finding.message.startswith("hint")
+
+
+def test_prepared_scheduler_beside_accumulate_and_a_manual_gate(acl305):
+    """The prepared scheduler steps only on the engine's sync steps wherever it is called."""
+    source = """
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(gradient_accumulation_steps=K)
+    model, opt, dl, sched = accelerator.prepare(model, opt, dl, sched)
+    for step, batch in enumerate(dl):
+        with accelerator.accumulate(model):
+            accelerator.backward(model(**batch).loss)
+            if (step + 1) % K == 0:
+                opt.step()
+                opt.zero_grad()
+        sched.step()
+    """
+    assert acl305.findings(source) == []
