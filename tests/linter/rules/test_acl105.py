@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import textwrap
 
+import libcst
+import pytest
+
+from linter.analysis import analyze_source
+from linter.fixer import fix_text
+
 RAW = """
 import torch
 
@@ -163,3 +169,30 @@ def test_bf16_accelerator_without_a_user_scaler_is_not_flagged(acl105):
         opt.step()
     """
     assert acl105.findings(source) == []
+
+
+DEPRECATED = {
+    "attribute": ("", "torch.cuda.amp.GradScaler()"),
+    "import": ("from torch.cuda.amp import GradScaler\n", "GradScaler()"),
+}
+
+
+@pytest.mark.parametrize("spelling", sorted(DEPRECATED))
+def test_deprecated_scaler_under_bf16_composes_with_acl203(spelling):
+    """--fix applies ACL203's safe rename only; --unsafe-fixes also removes the scaler, and the
+    result is the plain bf16 loop (no import of the deprecated module left behind)."""
+    imports, construction = DEPRECATED[spelling]
+    source = textwrap.dedent(RAW).replace("import torch\n", "import torch\n" + imports, 1)
+    source = source.replace('torch.amp.GradScaler("cuda")', construction)
+
+    def analyse(text):
+        return analyze_source(text, "snippet.py", ["ACL105", "ACL203"])
+
+    assert sorted({d.code for d in analyse(source)}) == ["ACL105", "ACL203"]
+    safe = fix_text(source, analyse, unsafe=False).text
+    assert safe == textwrap.dedent(RAW)
+    assert [d.code for d in analyse(safe)] == ["ACL105"]
+    unsafe = fix_text(source, analyse, unsafe=True).text
+    libcst.parse_module(unsafe)
+    assert unsafe == textwrap.dedent(RAW_FIXED)
+    assert analyse(unsafe) == []
