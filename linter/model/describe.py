@@ -8,6 +8,7 @@ from linter.model import (
     accumulation,
     logged_losses,
     losses,
+    precision,
     prepared_objects,
     scaler_protocol,
     schedules,
@@ -64,6 +65,7 @@ def _loop(model: Model, loop: TrainingLoop, path: str) -> dict:
         "logged_losses": logged_losses.describe(model, loop),
         "scaler_protocol": scaler_protocol.describe(model, loop.node),
         "step_gate_window": windows.describe(model, loop),
+        "precision": precision.describe(model, loop),
     }
 
 
