@@ -48,6 +48,7 @@ _PASS_METHODS = {"mean", "float", "double", "half", "bfloat16", "to", "squeeze",
 _COUNT = re.compile(r"tok|item|count|mask|\.sum\(|numel|n_valid|valid", re.I)
 _K_NAME = re.compile(r"grad(ient)?_?acc|accum", re.I)
 _MAX_DEPTH = 6
+_MAX_MODEL_DEPTH = 12  # a model is often rebound several times (load, adapter, compile, prepare)
 
 
 @dataclass(frozen=True)
@@ -254,10 +255,10 @@ class _TokenMeans:
             return []
         if not (_has_keyword(call, "labels") or any(a.star == "**" for a in call.args)):
             return []
-        head = self._model_class(call.func, scope, order, depth + 1)
+        head = self._model_class(call.func, scope, order, 0)
         if head is None:
             return []
-        return [TokenMean(node, f"`.loss` of a `{head}`", stmt)]
+        return [TokenMean(node, f"`.loss` of a model built as `{head}`", stmt)]
 
     def _model_call(self, holder, scope, order, depth) -> cst.Call | None:
         holder = strip_parens(holder)
@@ -272,7 +273,7 @@ class _TokenMeans:
     def _model_class(self, func, scope: Scope, order: int | None, depth: int) -> str | None:
         """The token-level head class a model object was loaded or built as, following
         `prepare`, wrappers (`DDP(model)`, `torch.compile(model)`) and moves."""
-        if depth > _MAX_DEPTH:
+        if depth > _MAX_MODEL_DEPTH:
             return None
         func = strip_parens(func)
         if isinstance(func, cst.Call):
@@ -312,7 +313,8 @@ class _TokenMeans:
         args = positional(call)
         if pair is not None and pair[1] == "prepare" and len(args) == 1:
             return self._model_class(args[0], scope, order, depth + 1)
-        if pair is None and args:  # `DDP(model)`, `torch.compile(model)`, `get_peft_model(m)`
+        wraps = pair is None or (pair[1] in _LOADERS and dotted(args[0] if args else None))
+        if wraps and args:  # `DDP(model)`, `get_peft_model(m)`, `PeftModel.from_pretrained(m)`
             return self._model_class(args[0], scope, order, depth + 1)
         return None
 

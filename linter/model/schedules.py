@@ -87,22 +87,37 @@ def _build(model: Model) -> list[Schedule]:
     for scope in model.scopes:
         for name, defs in scope.defs.items():
             for d in defs:
-                if d.op == "=" and isinstance(d.value, cst.Call) and id(d.value) in built:
-                    schedule = _schedule(model, name, d.value, d.stmt)
-                    if schedule is not None:
-                        found.append(schedule)
+                if d.op != "=" or d.tuple_index is not None or not isinstance(d.value, cst.Call):
+                    continue
+                if id(d.value) in built:
+                    found.extend(_schedule(model, name, d.value, d.stmt, d.stmt))
+                    continue
+                for call, where in _factory_returns(model, d.value, scope):
+                    found.extend(_schedule(model, name, call, where, d.stmt))
     found.sort(key=lambda s: s.stmt.order)
     return found
 
 
-def _schedule(model: Model, name: str, call: cst.Call, stmt: Stmt) -> Schedule | None:
+def _factory_returns(model: Model, call: cst.Call, scope: Scope):
+    """(scheduler construction, its return statement) of a module function that builds and
+    returns the scheduler (`sched = make_scheduler(opt, loader, args)`); its parameters are
+    resolved from this call by the model."""
+    callee = model.local_function(call.func, scope)
+    for value, stmt in callee.returns if callee is not None else ():
+        value = strip_parens(value)
+        if isinstance(value, cst.Call) and _length_argument(model, value) is not None:
+            yield value, stmt
+
+
+def _schedule(model: Model, name: str, call: cst.Call, where: Stmt, bound: Stmt) -> list:
+    """The schedule built by `call` (at `where`) and bound to `name` (at `bound`)."""
     found = _length_argument(model, call)
     if found is None:
-        return None
+        return []
     parameter, length = found
-    schedule = Schedule(name, call, stmt, length, parameter)
-    schedule.loader_lengths = _Lengths(model).of(length, stmt.scope, stmt.order, stmt)
-    schedule.prepare = _later_prepare(model, name, stmt)
+    schedule = Schedule(name, call, bound, length, parameter)
+    schedule.loader_lengths = _Lengths(model).of(length, where.scope, where.order, where)
+    schedule.prepare = _later_prepare(model, name, bound)
     names = {name} | {p.name for p in model.setup.prepared.values() if p.original == name}
     schedule.steps = [
         (loop, site)
@@ -110,7 +125,7 @@ def _schedule(model: Model, name: str, call: cst.Call, stmt: Stmt) -> Schedule |
         for site in loop.of_kind("sched_step")
         if site.receiver in names
     ]
-    return schedule
+    return [schedule]
 
 
 def _length_argument(model: Model, call: cst.Call) -> tuple[str, cst.BaseExpression] | None:
@@ -210,7 +225,7 @@ class _Lengths:
             scope, order = scope.parent, None
         return []
 
-    def _prepared_before(self, text: str, scope: Scope, order: int) -> bool:
+    def _prepared_before(self, text: str, scope: Scope, order: int, depth: int = 0) -> bool:
         """Whether the loader was returned by `prepare` before this read: for a name this
         function binds, its last binding before the read (`dl = accelerator.prepare(dl)` after
         the scheduler leaves the unprepared loader here; the model's loop-minded lookup would
@@ -218,6 +233,14 @@ class _Lengths:
         if scope.defs.get(text):
             before = scope.defs_before(text, order)
             return bool(before) and before[-1] in self.model.setup.prepared_defs
+        if text in scope.params:  # what this module's callers pass (`make_scheduler(opt, dl)`)
+            if depth >= _MAX_DEPTH:
+                return False
+            return any(
+                dotted(e) is not None
+                and self._prepared_before(dotted(e), s.scope, s.order, depth + 1)
+                for e, s in self.model.argument_sites(scope, text)
+            )
         return self.model.is_prepared(text, scope, order)
 
     def _loader_like(self, text: str, scope: Scope, order: int) -> bool:

@@ -88,7 +88,8 @@ def test_causal_lm_loss_with_labels(acl308, at):
         'outputs = model(input_ids=batch["input_ids"], labels=batch["labels"])\nloss = outputs.loss'
     )
     assert acl308.findings(source) == [("ACL308", *at(source, "outputs.loss"))]
-    assert "`.loss` of a `AutoModelForCausalLM`" in acl308.diagnostics(source)[0].message
+    message = acl308.diagnostics(source)[0].message
+    assert "`.loss` of a model built as `AutoModelForCausalLM`" in message
 
 
 def test_causal_lm_loss_of_a_batch_dict_in_a_nanogpt_style_micro_loop(acl308, at):
@@ -228,3 +229,31 @@ def test_step_every_batch_in_a_manual_loop(acl308):
         opt.zero_grad()
     """
     assert acl308.findings(source) == []
+
+
+def test_while_loop_with_a_micro_step_counter(acl308, at):
+    source = """
+    import torch.nn.functional as F
+
+    micro = 0
+    while step < max_steps:
+        ids, labels = next(batches)
+        logits = model(ids)
+        loss = F.nll_loss(logits.log_softmax(-1).view(-1, vocab), labels.view(-1), ignore_index=0)
+        (loss / cfg.grad_accum).backward()
+        micro += 1
+        if micro == cfg.grad_accum:
+            opt.step()
+            opt.zero_grad()
+            micro = 0
+    """
+    assert acl308.findings(source) == [("ACL308", *at(source, "F.nll_loss"))]
+
+
+def test_adapter_loaded_onto_a_causal_lm(acl308, at):
+    source = accelerate("loss = model(**batch).loss").replace(
+        'model = AutoModelForCausalLM.from_pretrained("gpt2")\n',
+        'model = AutoModelForCausalLM.from_pretrained("gpt2")\n'
+        'model = PeftModel.from_pretrained(model, "adapter", is_trainable=True)\n',
+    )
+    assert acl308.findings(source) == [("ACL308", *at(source, "model(**batch).loss"))]

@@ -252,3 +252,38 @@ model, opt, dl, sched = accelerator.prepare(model, opt, dl, sched)
 """
     )
     assert acl310.findings(source) == []
+
+
+FACTORY = """
+import math
+from accelerate import Accelerator
+from transformers import get_scheduler
+
+
+def build_schedule(optimizer, loader, args):
+    per_epoch = math.ceil(len(loader) / args.gradient_accumulation_steps)
+    return get_scheduler("cosine", optimizer, num_training_steps=per_epoch * args.epochs)
+
+
+def train(args, model, opt, train_loader):
+    accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps)
+    PREPARE_LOADER
+    sched = build_schedule(opt, train_loader, args)
+    model, opt, train_loader, sched = accelerator.prepare(model, opt, train_loader, sched)
+    for batch in train_loader:
+        with accelerator.accumulate(model):
+            accelerator.backward(model(**batch).loss)
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+"""
+
+
+def test_scheduler_built_by_a_helper_from_the_prepared_loader(acl310, at):
+    source = FACTORY.replace("PREPARE_LOADER", "train_loader = accelerator.prepare(train_loader)")
+    assert acl310.findings(source) == [("ACL310", *at(source, "per_epoch * args.epochs"))]
+    assert "one process" in acl310.diagnostics(source)[0].message
+
+
+def test_scheduler_built_by_a_helper_from_the_unprepared_loader(acl310):
+    assert acl310.findings(FACTORY.replace("PREPARE_LOADER", "pass")) == []
