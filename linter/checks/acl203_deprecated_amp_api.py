@@ -82,7 +82,7 @@ def _report_bindings(ctx, api) -> None:
         fix = make_fix("Import from `torch.amp` instead", *_merged(edits))
     for binding in bindings:
         reason = f" (not fixed: {reasons[binding]})" if binding in reasons else ""
-        uses = api.uses.get(binding.local, [])
+        uses = api.uses_of(binding)
         message = _binding_message(ctx, binding, uses) + reason
         ctx.report(binding.alias, message, None if reason else fix)
 
@@ -104,7 +104,7 @@ def _binding_message(ctx, binding: Binding, uses: list[Use]) -> str:
 
 def _use_edits(ctx, api, binding: Binding) -> list[Edit]:
     """The edits for every use of the bound name, or `_Declined` when the name escapes."""
-    uses = api.uses.get(binding.local, [])
+    uses = api.uses_of(binding)
     _refuse_escapes(ctx, api, binding, uses)
     edits: list[Edit] = []
     for use in uses:
@@ -190,6 +190,8 @@ def _rewrite(ctx, use: Use, callee: str | None, device: str, name: str) -> list[
         if not name.startswith("custom_"):
             raise _Declined("is a bare decorator")
         return [ctx.replace(use.node, f'{spelled}(device_type="{device}")')]
+    if use.role == "partial":
+        return renamed + [_partial_device(ctx, use, device, name)]
     if use.role != "call":
         raise _Declined("is used as a value, not called")
     if name == "autocast":
@@ -197,6 +199,19 @@ def _rewrite(ctx, use: Use, callee: str | None, device: str, name: str) -> list[
     if name == "GradScaler":
         return renamed + _device_first(ctx, use.call, device, [])
     return renamed + [_append_device_type(ctx, use.call, device)]
+
+
+def _partial_device(ctx, use: Use, device: str, name: str) -> Edit:
+    """`partial(torch.cuda.amp.autocast, dtype=d)` -> `partial(torch.amp.autocast, "cuda",
+    dtype=d)`: the device becomes the first bound argument (only keywords may follow, since the
+    positional order changed)."""
+    if name.startswith("custom_"):
+        raise _Declined("is bound by `partial`")
+    bound = use.call.args[1:]
+    if name == "autocast" and any(a.keyword is None for a in bound):
+        raise _Declined("is bound by `partial` with positional arguments, whose order changed")
+    end = ctx.span(use.node)[1]
+    return Edit(end, end, f', "{device}"')
 
 
 def _autocast_args(ctx, call: cst.Call, device: str) -> list[Edit]:
@@ -359,6 +374,8 @@ def _merged(edits: list[Edit]) -> list[Edit]:
     merged: list[Edit] = []
     for edit in sorted(edits, key=lambda e: (e.start, e.end)):
         last = merged[-1] if merged else None
+        if last == edit:
+            continue
         if last is not None and last.start == last.end == edit.start:
             merged[-1] = Edit(edit.start, edit.end, last.content + edit.content)
         else:

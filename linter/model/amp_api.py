@@ -50,6 +50,7 @@ _COMPAT_TEST = re.compile(r"version|hasattr|getattr|\d_\d|torch_?\d|greater|less
 _FALLBACK_ERRORS = {"ImportError", "ModuleNotFoundError", "AttributeError"}
 _BROAD_ERRORS = {"Exception", "BaseException"}
 _MODERN_PREFIXES = ("torch.amp", "torch.autocast")
+_PARTIALS = {"partial", "functools.partial"}
 
 
 @dataclass(eq=False)
@@ -59,8 +60,8 @@ class Use:
 
     node: cst.BaseExpression  # the Name or Attribute chain
     full: str  # its resolved dotted path
-    role: str  # "call" | "decorator" (bare) | "annotation" | "value"
-    call: cst.Call | None  # for "call": the call whose callee `node` is
+    role: str  # "call" | "decorator" (bare) | "annotation" | "partial" | "value"
+    call: cst.Call | None  # the call whose callee (or, for "partial", first argument) it is
     fallback: bool  # inside compatibility code
 
     @property
@@ -97,12 +98,15 @@ class Binding:
 class AmpApi:
     chains: list[Use] = field(default_factory=list)  # full chains from a torch name
     bindings: list[Binding] = field(default_factory=list)
-    uses: dict[str, list[Use]] = field(default_factory=dict)  # local name -> its uses
+    uses: dict[int, list[Use]] = field(default_factory=dict)  # id(binding) -> its uses
     imported: dict[str, set[str]] = field(default_factory=dict)  # local -> import targets
     rebound: set[str] = field(default_factory=set)  # names bound other than by import
     exported: set[str] = field(default_factory=set)  # `__all__` entries, `import X as X`
     torch_names: dict[int | None, list[str]] = field(default_factory=dict)
     torch_statements: set[int] = field(default_factory=set)  # id() of `import torch` lines
+
+    def uses_of(self, binding: Binding) -> list[Use]:
+        return self.uses.get(id(binding), [])
 
     def ambiguous(self, name: str) -> bool:
         """Bound by more than one thing: its uses may not be the import's."""
@@ -157,6 +161,7 @@ class _Walker:
         self.candidates: list[tuple[cst.BaseExpression, str, str, cst.Call | None, _Ctx]] = []
         self.modern = 0  # uses of `torch.amp` / `torch.autocast` seen so far
         self.lines: dict[int, tuple[cst.CSTNode, bool, int]] = {}
+        self.parents: dict[int, cst.FunctionDef | None] = {}  # id(function) -> enclosing one
 
     def run(self, module: cst.Module) -> None:
         self._block(module.body, _Ctx())
@@ -232,6 +237,7 @@ class _Walker:
         self._node(node.params, ctx)
         if node.returns is not None:
             self._node(node.returns.annotation, _with(ctx, annotation=True))
+        self.parents[id(node)] = ctx.function
         self._suite(node.body, _with(ctx, function=node))
 
     def _decorator(self, expr: cst.BaseExpression, ctx: _Ctx) -> None:
@@ -370,7 +376,13 @@ class _Walker:
             self._node(func, ctx)
         probe = text in ("getattr", "hasattr")
         inner = _with(ctx, fallback=True) if probe else _with(ctx, annotation=False)
-        for arg in node.args:
+        args = node.args
+        if text in _PARTIALS and args and args[0].keyword is None and not args[0].star:
+            first = dotted(args[0].value)
+            if first is not None:  # `partial(torch.cuda.amp.autocast, dtype=...)`
+                self._candidate(args[0].value, first, "partial", node, inner)
+                args = args[1:]
+        for arg in args:
             self._node(arg.value, inner)
 
     def _on_Attribute(self, node: cst.Attribute, ctx: _Ctx) -> None:
@@ -434,9 +446,23 @@ class _Walker:
             full = f"{base}.{rest}" if rest else base
             use = Use(node, full, role, call, ctx.fallback)
             if base in DEPRECATED or base in DEPRECATED_MODULES:
-                api.uses.setdefault(head, []).append(use)
+                binding = self._binding_for(head, ctx.function)
+                if binding is not None:
+                    api.uses.setdefault(id(binding), []).append(use)
             elif full in DEPRECATED:
                 api.chains.append(use)
+
+    def _binding_for(self, name: str, function: cst.FunctionDef | None) -> Binding | None:
+        """The import a use of `name` in `function` reads: the nearest function (or the
+        module) that imports it, else the module's first such import."""
+        bindings = [b for b in self.api.bindings if b.local == name]
+        while True:
+            for binding in bindings:
+                if binding.function is function:
+                    return binding
+            if function is None:
+                return bindings[0] if bindings else None
+            function = self.parents.get(id(function))
 
 
 def _with(ctx: _Ctx, **changes) -> _Ctx:

@@ -502,3 +502,44 @@ def test_optional_torch_import_still_resolves_the_chain(acl203):
     """
     assert len(acl203.findings(source)) == 1
     assert 'scaler = torch.amp.GradScaler("cuda")' in acl203.fixed(source)
+
+
+def test_the_same_import_in_two_functions(acl203):
+    source = """
+    import torch
+
+    def check_fp16(model, x):
+        from torch.cuda.amp import autocast
+
+        with autocast():
+            return model(x)
+
+    def check_bf16(model, x):
+        from torch.cuda.amp import autocast
+
+        with autocast(dtype=torch.bfloat16):
+            return model(x)
+    """
+    first, second = acl203.diagnostics(source)
+    assert "(used on line 7)" in first.message and "(used on line 13)" in second.message
+    fixed = acl203.fixed(source)
+    assert "torch.cuda.amp" not in fixed
+    assert 'with torch.amp.autocast("cuda", dtype=torch.bfloat16):' in fixed
+
+
+def test_partial_binds_the_device_first(acl203):
+    source = """
+    from functools import partial
+
+    import torch
+
+    autocast_ctx = partial(torch.cuda.amp.autocast, enabled=True, dtype=torch.bfloat16)
+    make_scaler = partial(torch.cuda.amp.GradScaler, init_scale=1024)
+    positional = partial(torch.cuda.amp.autocast, True)
+    """
+    diagnostics = acl203.diagnostics(source)
+    assert [d.fix is not None for d in diagnostics] == [True, True, False]
+    fixed = acl203.fixed(source)
+    assert 'partial(torch.amp.autocast, "cuda", enabled=True, dtype=torch.bfloat16)' in fixed
+    assert 'partial(torch.amp.GradScaler, "cuda", init_scale=1024)' in fixed
+    assert "partial(torch.cuda.amp.autocast, True)" in fixed
