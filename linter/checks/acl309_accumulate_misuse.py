@@ -17,9 +17,11 @@ def check(ctx: RuleContext) -> None:
     loader the engine does not track."""
     model = ctx.model
     regions = accumulation.accumulate_regions(model)
+    if not regions:
+        return
     reported: set[int] = set()
     for loop, entries in _entries_per_loop(model, regions).items():
-        pair = _second_entry(model, entries)
+        pair = _second_entry(model, entries) if len(entries) > 1 else None
         if pair is not None:
             reported.add(loop)
             (_, node, text), (_, _, first) = pair
@@ -45,7 +47,10 @@ def _entries_per_loop(model, regions) -> dict[int, list]:
         if loop is not None:
             text = f"`{code(region.call)}`"
             found.setdefault(id(loop), []).append((region.frames, region.call, text))
+    helpers = {s.name for r in regions if (s := accumulation.region_scope(model, r)) is not None}
     for call in model.calls:
+        if (call.func or "").rsplit(".", 1)[-1] not in helpers:
+            continue
         callee = model.local_function(call.call.func, call.stmt.scope)
         loop = innermost_loop(call.stmt.frames)
         if callee is None or loop is None or not _enters_once(model, callee):

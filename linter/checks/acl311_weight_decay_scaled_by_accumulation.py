@@ -29,27 +29,38 @@ def check(ctx: RuleContext) -> None:
 
 
 def _weight_decays(model):
-    """(value, statement) of `weight_decay=` arguments and `"weight_decay":` group entries."""
+    """(value, statement) of `weight_decay=` arguments and of `"weight_decay":` entries in the
+    literal parameter groups of assignments and call arguments."""
     seen = set()
     for call in model.calls:
         value = keyword(call.call, "weight_decay")
         if value is not None and id(value) not in seen:
             seen.add(id(value))
             yield value, call.stmt
+        for arg in call.call.args:
+            yield from _group_entries(arg.value, call.stmt, seen)
     for scope in model.scopes:
-        for stmt in scope.stmts:
-            if "weight_decay" not in _cheap_text(stmt):
-                continue
-            for node in walk(stmt.node):
-                if isinstance(node, cst.DictElement) and string_value(node.key) == "weight_decay":
-                    if id(node.value) not in seen:
-                        seen.add(id(node.value))
-                        yield node.value, stmt
+        for defs in scope.defs.values():
+            for d in defs:
+                yield from _group_entries(d.value, d.stmt, seen)
 
 
-def _cheap_text(stmt) -> str:
-    """Names and strings of a statement, enough to skip the ones without a decay entry."""
-    return " ".join(n.value for n in walk(stmt.node) if isinstance(n, (cst.SimpleString, cst.Name)))
+def _group_entries(value, stmt, seen):
+    """`{"params": ..., "weight_decay": wd}`, a list or tuple of such dicts, or a comprehension
+    building them (exact types: the ABC isinstance is slow on every argument of a module)."""
+    kind = type(value)
+    if kind is cst.ListComp and type(value.elt) is cst.Dict:
+        groups = [value.elt]
+    elif kind in (cst.List, cst.Tuple):
+        groups = [e.value for e in value.elements if type(e.value) is cst.Dict]
+    else:
+        groups = [value] if kind is cst.Dict else []
+    for group in groups:
+        for element in group.elements:
+            if type(element) is cst.DictElement and string_value(element.key) == "weight_decay":
+                if id(element.value) not in seen:
+                    seen.add(id(element.value))
+                    yield element.value, stmt
 
 
 def _scaling_k(model, value, stmt):
