@@ -13,10 +13,14 @@ RULE = Rule(
     guard_levels=("warning",),
     docs="""\
 ## What it does
-Flags `accelerator.gather(` in a loop over an evaluation loader (named like `eval`, `val`,
-`valid`, `test`, or inside an `evaluate` / `validate` function) whose result reaches a metric
-(`add_batch`, `update`, `compute`, or a list of predictions). Without a fix, it also flags metric
-updates fed by un-gathered predictions over a prepared evaluation loader.
+Flags `accelerator.gather(` in evaluation (a loop over a loader named like `eval`, `val`,
+`valid`, `test`, or anywhere in a function named like `evaluate` / `validate`, outside training
+loops) whose result reaches a metric: a call such as `add_batch`, `update`, `compute`, `append`
+or `extend`, a function named like a metric (`accuracy(...)`), or a running total (`correct +=`),
+directly or through the names it is assigned to. Gathered values whose padded tail is cut off by
+hand (`preds = preds[: len(dl.dataset) - seen]`) are left alone. Without a fix, it also flags
+`metric.add_batch(...)` of an `evaluate.load(...)` metric in a loop over a prepared loader that
+gathers nothing (torchmetrics objects synchronise themselves and are not flagged).
 
 ## Why is this bad?
 A prepared evaluation loader pads its last batch with repeated samples so that every process runs

@@ -13,8 +13,11 @@ RULE = Rule(
     docs="""\
 ## What it does
 Flags `.cuda()`, `.cuda(0)`, `.to("cuda")`, `.to("cuda:0")`, `.to(torch.device("cuda"))`, or
-`.to(device)` with `device` bound to such a literal, applied to a model before that model is passed
-to `prepare`.
+`.to(device)` with `device` bound to such a literal (or to `"cuda" if ... else "cpu"`), applied to
+a model before that model is passed to `accelerator.prepare` in the same function: in the model's
+assignment chain (`model = Net().cuda()`) or as its own statement (`model.cuda()`). Devices from
+`accelerator.device` or `LOCAL_RANK`, dtype-only moves, `Accelerator(device_placement=False)` and
+models never passed to `prepare` are left alone.
 
 ## Why is this bad?
 Before the engine places the model, `"cuda"` means `cuda:0` on every rank, so all processes first

@@ -13,11 +13,17 @@ RULE = Rule(
     guard_levels=("error", "warning"),
     docs="""\
 ## What it does
-Flags model calls in a loop over a loader named like `val` / `eval` / `valid` / `test`, or in a
-function named like `validate` / `evaluate`, that are not under `torch.no_grad()`,
-`torch.inference_mode()` or `torch.set_grad_enabled(False)` (as a context or a decorator); such
-evaluation without a preceding `model.eval()`; and `model.eval()` in the epoch loop with no
-`model.train()` before the next training step.
+Flags, once per evaluation, the first model call (`model(x)`, `self.net(x)`, `model.module(x)`)
+in a loop or comprehension over a loader named like `val` / `eval` / `valid` / `test`, or in a
+function named like `validate` / `evaluate` / `test`, that runs with gradients on: not under
+`torch.no_grad()`, `torch.inference_mode()` or `torch.set_grad_enabled(...)` (as a context, a
+decorator, or a statement earlier in the function), and not in a function that every caller in
+the file calls with gradients off. In a file with dropout or BatchNorm that never calls `.eval()`,
+it also flags evaluation run in training mode. And it flags a `model.eval()` that runs in the
+epoch loop (directly or in a function it calls) when nothing in that loop calls `model.train()`
+again, for a model the training loop trains. Evaluation that needs gradients (a backward,
+`autograd.grad`, `enable_grad`), `model.generate(...)`, and Lightning's own hooks
+(`validation_step`, `test_step`) are left alone.
 
 ## Why is this bad?
 Evaluating with gradients on records an autograd graph for every batch, wasting time and memory

@@ -12,8 +12,13 @@ RULE = Rule(
     static=True,
     docs="""\
 ## What it does
-Flags `torch.save` of a dict that holds an optimizer's `state_dict()` but no
-`scaler.state_dict()`, in a module with an enabled GradScaler.
+Flags `torch.save` of a dict that holds an optimizer's `state_dict()` but no scaler state, in a
+module with a GradScaler that is not literally disabled. The dict is read as written inline
+(`{...}` or `dict(...)`) or as built step by step before the save (`ckpt = {...}`,
+`ckpt["epoch"] = epoch`, `ckpt.update(...)`); a scaler under any key (`"scaler"`, `"amp"`,
+`"grad_scaler"`, or any value read from the scaler) counts. One dict saved twice is one finding.
+`accelerator.save_state(...)`, weights-only saves and dicts with parts it cannot see
+(`**extra`) are left alone.
 
 ## Why is this bad?
 The scaler's state (current scale and growth tracker) is part of the training state. A resumable

@@ -12,9 +12,12 @@ RULE = Rule(
     static=True,
     docs="""\
 ## What it does
-Flags a name bound to `filter(...)`, `map(...)`, a generator expression or `<module>.parameters()`
-that is passed to an optimizer constructor (or any other consumer) and later to
-`clip_grad_norm_`, `clip_grad_value_` or `accelerator.clip_grad_norm_`.
+Flags a clip call (`torch.nn.utils.clip_grad_norm_` / `clip_grad_value_` under any alias,
+`accelerator.clip_grad_norm_`) whose parameters are a name bound to `filter(...)`, `map(...)`, a
+generator expression or `<module>.parameters()` (also `self.params` set in another method) that
+something read before the clip (an optimizer constructor, a `list(...)`, a loop over it), or that
+the same clip already consumed on an earlier iteration of its loop. Lists, tuples, list
+comprehensions and fresh `model.parameters()` calls at the clip site are left alone.
 
 ## Why is this bad?
 An iterator can be consumed once. The optimizer constructor exhausts it, so the later clip call

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from linter.context import make_fix
-from linter.model.evaluation import metric_gathers, ungathered_metrics
+from linter.model.gathers import metric_gathers, ungathered_metrics
 
 
 def check(ctx) -> None:

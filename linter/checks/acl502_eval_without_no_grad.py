@@ -43,7 +43,7 @@ def check(ctx) -> None:
             parts.append(_leak_text(leak))
         ctx.report(first.call, "; ".join(parts))
     for leak in leaks:
-        ctx.report(leak.eval_call.call, _leak_text(leak).capitalize())
+        ctx.report(leak.eval_call.call, _leak_text(leak))
 
 
 def _mode_never_set(model) -> bool:
@@ -61,8 +61,8 @@ def _inside(context, stmt) -> bool:
 
 
 def _leak_text(leak) -> str:
+    receiver = leak.eval_call.receiver
     return (
-        f"`{leak.eval_call.receiver}.eval()` runs every epoch but nothing calls "
-        f"`{leak.model_name}.train()` before the next training step: training continues with "
-        "dropout off and BatchNorm frozen"
+        f"`{receiver}.eval()` runs every epoch but nothing calls `{receiver}.train()` before "
+        "the next training step: training continues with dropout off and BatchNorm frozen"
     )

@@ -67,7 +67,7 @@ def _find_checkpoints(model) -> list[Checkpoint]:
             found.append(Checkpoint(call.call, call.stmt, "engine", complete=False))
         elif qual in _SAVE_FUNCTIONS and positional(call.call):
             found.append(_torch_save(model, call))
-    return found
+    return sorted(found, key=lambda c: c.stmt.order)
 
 
 def _torch_save(model, call) -> Checkpoint:
@@ -122,6 +122,8 @@ def _read_named_state(model, name: str, stmt: Stmt, checkpoint: Checkpoint, dept
     for between in scope.stmts:
         if start.stmt.order < between.order < stmt.order:
             _read_addition(between.node, name, checkpoint)
+            if _hands_over(between.node, name):
+                checkpoint.complete = False  # `callback.on_save(ckpt)` may add the scaler
 
 
 def _read_addition(node, name: str, checkpoint: Checkpoint) -> None:
@@ -148,6 +150,15 @@ def _read_addition(node, name: str, checkpoint: Checkpoint) -> None:
                     checkpoint.values.append(arg.value)
 
 
+def _hands_over(node, name: str) -> bool:
+    """Whether the statement passes the dict itself to a call (which may add to it)."""
+    for sub in walk(node):
+        if isinstance(sub, cst.Call) and any(dotted(a.value) == name for a in sub.args):
+            pair = method_call(sub)
+            return not (pair is not None and pair[1] == "update" and dotted(pair[0]) == name)
+    return False
+
+
 def _key_text(node) -> str:
     text = string_value(node)
     return text if text is not None else code(node) if node is not None else ""
@@ -161,3 +172,15 @@ def is_scaler_text(text: str) -> bool:
 def enabled_scalers(model) -> list[str]:
     """GradScalers built in the module that are not literally disabled (`enabled=False`)."""
     return [s.name for s in model.setup.scalers.values() if s.enabled is not False]
+
+
+def describe(model) -> list[dict]:
+    """The checkpoint calls found and the state each holds (`--show-loops`)."""
+    entries = []
+    for checkpoint in checkpoints(model):
+        entry = {"kind": checkpoint.kind, "line": model.line(checkpoint.call)}
+        if checkpoint.kind == "torch.save":
+            entry["keys"] = [k for k in checkpoint.keys if k]
+            entry["complete"] = checkpoint.complete
+        entries.append(entry)
+    return entries

@@ -68,10 +68,21 @@ def eval_contexts(model) -> list[EvalContext]:
     return model.memo("evaluation.contexts", _find_contexts)
 
 
+_TORCH_PACKAGES = {"torch", "accelerate", "lightning", "pytorch_lightning", "transformers", "timm"}
+
+
+def uses_torch(model) -> bool:
+    """Whether the file imports PyTorch or a library on top of it: an MXNet, JAX or TensorFlow
+    model call records no autograd graph."""
+    return any(full.split(".", 1)[0] in _TORCH_PACKAGES for full in model.imports.aliases.values())
+
+
 def _find_contexts(model) -> list[EvalContext]:
+    if not uses_torch(model):
+        return []
     contexts = []
     for scope in model.scopes:
-        if _is_eval_function(scope):
+        if is_eval_function(scope):
             contexts.append(EvalContext("function", scope.node, scope, list(scope.stmts)))
             continue
         for loop in scope.loops:
@@ -89,7 +100,7 @@ def _find_contexts(model) -> list[EvalContext]:
     return [c for c in contexts if c.model_calls and not _needs_gradients(model, c)]
 
 
-def _is_eval_function(scope: Scope) -> bool:
+def is_eval_function(scope: Scope) -> bool:
     return isinstance(scope.node, cst.FunctionDef) and bool(_EVAL_FUNCTION.match(scope.name))
 
 
@@ -171,7 +182,7 @@ def _needs_gradients(model, context: EvalContext) -> bool:
                     return True
             if isinstance(sub, cst.Call) and last_part(dotted(sub.func)) == "enable_grad":
                 return True
-    if any(_encloses(context, loop.node) for loop in model.loops):
+    if any(encloses(context, loop.node) for loop in model.loops):
         return True
     return context.kind == "function" and _reaches_training(model, context.scope, 0)
 
@@ -192,7 +203,7 @@ def _reaches_training(model, scope: Scope, depth: int) -> bool:
     return False
 
 
-def _encloses(context: EvalContext, node: cst.CSTNode) -> bool:
+def encloses(context: EvalContext, node: cst.CSTNode) -> bool:
     if context.kind == "function":
         return any(loop is node for loop in context.scope.loops)
     return node is context.node
@@ -287,15 +298,22 @@ def _is_no_grad_decorator(node) -> bool:
 # modes ------------------------------------------------------------------------------------
 
 
-_MODE_DEPENDENT = re.compile(r"dropout|batch_?norm|from_pretrained", re.I)
+_MODE_DEPENDENT = re.compile(r"dropout|batch_?norm", re.I)
 
 
 def mode_matters(model) -> bool:
-    """Whether the file shows layers that behave differently in train mode (dropout,
-    BatchNorm, or a pretrained model that has them); a plain conv net computes the same."""
-    return model.memo(
-        "evaluation.mode_matters", lambda m: bool(_MODE_DEPENDENT.search(m.module.code))
-    )
+    """Whether the file shows layers that behave differently in train mode (dropout or
+    BatchNorm; a plain conv net computes the same in both), or trains a `from_pretrained` model
+    (which loads in eval mode, so only a `.train()` call makes its evaluation run in train
+    mode)."""
+
+    def build(m) -> bool:
+        text = m.module.code
+        if _MODE_DEPENDENT.search(text):
+            return True
+        return "from_pretrained" in text and any(c.method == "train" for c in m.calls)
+
+    return model.memo("evaluation.mode_matters", build)
 
 
 def sets_eval_mode_anywhere(model) -> bool:
@@ -311,6 +329,10 @@ def sets_eval_mode_anywhere(model) -> bool:
 
 def _is_true(node) -> bool:
     return isinstance(node, cst.Name) and node.value == "True"
+
+
+def _is_false(node) -> bool:
+    return isinstance(node, cst.Name) and node.value == "False"
 
 
 def imports_lightning(model) -> bool:
@@ -400,8 +422,8 @@ def _may_set_train(model, calls: list[CallSite], trained: set[str], depth: int) 
     defined elsewhere that is handed a trained model (an imported `train_one_epoch(model, ...)`
     may switch it back)."""
     for call in calls:
-        if call.method == "train" and (not call.call.args or _is_true(call.call.args[0].value)):
-            return True
+        if call.method == "train" and not (call.call.args and _is_false(call.call.args[0].value)):
+            return True  # `.train()`, `.train(True)`, or `.train(mode)` that may switch back
         callee = model.local_function(call.call.func, call.stmt.scope)
         if callee is None:
             if _passes_model(call, trained) and call.method not in ("eval", "train"):
@@ -455,197 +477,33 @@ def _bound_names(callee: Scope, call: CallSite, outer: dict) -> dict:
     return bound
 
 
-# gathers -----------------------------------------------------------------------------------
-
-_METRIC_SINKS = {"add_batch", "add", "update", "compute", "append", "extend"}
-_METRIC_FUNCTION = re.compile(r"metric|accuracy|score|f1|bleu|rouge|precision|recall", re.I)
-_METRIC_LOADERS = {"evaluate.load", "datasets.load_metric", "load_metric"}
+# --show-loops -------------------------------------------------------------------------------
 
 
-@dataclass(eq=False)
-class MetricGather:
-    """`accelerator.gather(...)` in evaluation whose result feeds a metric."""
+def describe(model) -> list[dict]:
+    """The evaluation contexts found, whether each runs without gradients, and its gathers."""
+    from linter.model.gathers import metric_gathers  # gathers builds on this module
 
-    call: cst.Call
-    stmt: Stmt
-    engine: str
-    sink: str  # what it feeds: "`metric.add_batch(...)`", "`correct +=`"
-
-
-def metric_gathers(model) -> list[MetricGather]:
-    return model.memo("evaluation.metric_gathers", _find_metric_gathers)
-
-
-def _find_metric_gathers(model) -> list[MetricGather]:
-    found = {}
-    for context in _gather_contexts(model):
-        for stmt in context.stmts:
-            for call in _engine_calls(model, stmt, "gather"):
-                sink = _metric_sink(model, context, stmt, call.call)
-                if sink is not None:
-                    found.setdefault(
-                        id(call.call), MetricGather(call.call, stmt, call.receiver, sink)
-                    )
-    return sorted(found.values(), key=lambda g: g.stmt.order)
-
-
-def _gather_contexts(model) -> list[EvalContext]:
-    """Evaluation contexts, with or without a model call of their own (a loop may gather
-    predictions computed by a helper)."""
-
-    def build(m) -> list[EvalContext]:
-        contexts = []
-        for scope in m.scopes:
-            if _is_eval_function(scope):
-                contexts.append(EvalContext("function", scope.node, scope, list(scope.stmts)))
-                continue
-            for loop in scope.loops:
-                if isinstance(loop, cst.For) and is_eval_iterable(loop.iter):
-                    stmts = [s for s in scope.stmts if any(f.node is loop for f in s.frames)]
-                    contexts.append(EvalContext("loop", loop, scope, stmts))
-        training = [loop for loop in m.loops]
-        return [c for c in contexts if not any(_encloses(c, t.node) for t in training)]
-
-    return model.memo("evaluation.gather_contexts", build)
-
-
-def _engine_calls(model, stmt: Stmt, method: str) -> list[CallSite]:
-    return [
-        c
-        for c in stmt.scope.calls
-        if c.stmt is stmt
-        and c.method == method
-        and (e := model.engine_for(c.receiver, stmt.scope)) is not None
-        and e.kind in ("accelerate", "guard", "unknown")
-    ]
-
-
-def _metric_sink(model, context: EvalContext, stmt: Stmt, gather: cst.Call) -> str | None:
-    """Where the gathered value goes: a metric call or list in the same statement, or, through
-    the names it is assigned to, a later sink of the context (`correct += (p == t).sum()`)."""
-    direct = _sink_in(stmt.node, lambda n: any(s is gather for s in walk(n)))
-    if direct is not None:
-        return direct
-    names = _assigned_names(stmt.node)
-    if not names:
-        return None
-    later = [s for s in context.stmts if s.order > stmt.order]
-    if any(_truncates(s.node, names) for s in later):
-        return None
-    return _names_reach_sink(later, names)
-
-
-def _truncates(node, names: set[str]) -> bool:
-    """`preds = preds[: len(dl.dataset) - seen]`: the padded tail is dropped by hand (what
-    `gather_for_metrics` does), so the gathered values are right."""
-    if not isinstance(node, cst.Assign) or not isinstance(node.value, cst.Subscript):
-        return False
-    sliced = dotted(node.value.value)
-    if sliced not in names or not any(isinstance(e.slice, cst.Slice) for e in node.value.slice):
-        return False
-    return sliced in _assigned_names(node)
-
-
-def _names_reach_sink(stmts: list[Stmt], names: set[str]) -> str | None:
-    """Follow the gathered names through later assignments (`preds = preds.argmax(-1)`) to a
-    sink."""
-    names = set(names)
-
-    def reads(node) -> bool:
-        return any(isinstance(s, cst.Name) and s.value in names for s in walk(node))
-
-    for stmt in stmts:
-        sink = _sink_in(stmt.node, reads)
-        if sink is not None:
-            return sink
-        if isinstance(stmt.node, cst.AugAssign) and reads(stmt.node.value):
-            return f"`{dotted(stmt.node.target) or 'a running total'} +=`"
-        if isinstance(stmt.node, cst.Assign) and reads(stmt.node.value):
-            names |= _assigned_names(stmt.node)
-    return None
-
-
-def _sink_in(node: cst.CSTNode, feeds) -> str | None:
-    for sub in walk(node):
-        if not isinstance(sub, cst.Call):
-            continue
-        pair = method_call(sub)
-        name = pair[1] if pair is not None else last_part(dotted(sub.func))
-        is_sink = name in _METRIC_SINKS or bool(_METRIC_FUNCTION.search(name or ""))
-        if is_sink and any(feeds(a.value) for a in sub.args):
-            return f"`{dotted(sub.func) or name}(...)`"
-    return None
-
-
-def _assigned_names(node: cst.CSTNode) -> set[str]:
-    targets = []
-    if isinstance(node, cst.Assign):
-        targets = [t.target for t in node.targets]
-    elif isinstance(node, cst.AnnAssign):
-        targets = [node.target]
-    return {n.value for t in targets for n in walk(t) if isinstance(n, cst.Name)}
-
-
-@dataclass(eq=False)
-class UngatheredMetric:
-    """A metric updated from one process's predictions over a prepared evaluation loader."""
-
-    call: cst.Call
-    stmt: Stmt
-    metric: str
-
-
-def ungathered_metrics(model) -> list[UngatheredMetric]:
-    return model.memo("evaluation.ungathered_metrics", _find_ungathered)
-
-
-def _find_ungathered(model) -> list[UngatheredMetric]:
-    metrics = _metric_objects(model)
-    found = []
-    for context in _gather_contexts(model):
-        if context.kind != "loop" or not _iterates_prepared(model, context):
-            continue
-        if any(_collects(model, s) for s in context.stmts):
-            continue
-        for call in context.scope.calls:
-            in_context = any(call.stmt is s for s in context.stmts)
-            if in_context and call.method in ("add_batch", "add") and call.receiver in metrics:
-                found.append(UngatheredMetric(call.call, call.stmt, call.receiver))
-    return found
-
-
-def _metric_objects(model) -> set[str]:
-    """Names bound to `evaluate.load(...)` / `load_metric(...)` without `num_process`: metrics
-    that compute on what this process gives them (torchmetrics objects sync themselves)."""
-    found = set()
-    for scope in model.scopes:
-        for name, defs in scope.defs.items():
-            for d in defs:
-                value = d.value
-                if isinstance(value, cst.Call) and d.op == "=":
-                    qual = model.imports.qualify(value.func) or ""
-                    keywords = {a.keyword.value for a in value.args if a.keyword is not None}
-                    if qual in _METRIC_LOADERS and "num_process" not in keywords:
-                        found.add(name)
-    return found
-
-
-def _iterates_prepared(model, context: EvalContext) -> bool:
-    loop = context.node
-    for sub in walk(loop.iter):
-        text = dotted(sub) if isinstance(sub, (cst.Name, cst.Attribute)) else None
-        if text is not None and model.is_prepared(text, context.scope):
-            return True
-    return False
-
-
-def _collects(model, stmt: Stmt) -> bool:
-    """`gather`, `gather_for_metrics`, `reduce`, `pad_across_processes` or a torch.distributed
-    collective: the loop already combines processes somewhere."""
-    for sub in walk(stmt.node):
-        pair = method_call(sub)
-        if pair is not None and ("gather" in pair[1] or pair[1] in ("reduce", "all_reduce")):
-            return True
-        if isinstance(sub, cst.Call) and "gather" in (dotted(sub.func) or ""):
-            return True
-    return False
+    entries = []
+    for context in eval_contexts(model):
+        first = context.model_calls[0]
+        entries.append(
+            {
+                "kind": f"evaluation {context.kind}",
+                "function": context.scope.name,
+                "line": model.line(context.node),
+                "model_calls": sorted({c.func for c in context.model_calls if c.func}),
+                "gradients": "off" if grad_free(model, first.stmt) else "on",
+            }
+        )
+    for gather in metric_gathers(model):
+        entries.append(
+            {
+                "kind": "gather feeding a metric",
+                "line": model.line(gather.call),
+                "sink": gather.sink,
+            }
+        )
+    for leak in eval_mode_leaks(model):
+        entries.append({"kind": "eval mode never undone", "line": model.line(leak.eval_call.call)})
+    return entries

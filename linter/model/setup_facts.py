@@ -22,6 +22,7 @@ from linter.model.cst_util import (
     walk,
 )
 from linter.model.functions import Def, Scope, Stmt
+from linter.model.loops import same_path
 
 # ---------------------------------------------------------------------------------------------
 # ACL505: parameter iterables that are empty by the time they are clipped
@@ -133,6 +134,8 @@ def _consumer(model, binding: Def, clip: Stmt) -> str | None:
         line = model.line(stmt.node)
         if stmt is binding.stmt or line <= start or (end is not None and line >= end):
             continue
+        if end is not None and not same_path(stmt, clip):
+            continue  # `if adaptive: agc(params) elif norm: clip(params)`: one or the other
         if _reads(stmt.node, name):
             return _describe_consumer(model, stmt.node, name)
     for loop in home.loops:
@@ -364,6 +367,10 @@ def _reads_name(node, name: str) -> bool:
 
 
 def _harmless_use(node, name: str) -> bool:
+    if any(
+        isinstance(n, cst.Attribute) and n.attr.value in ("device", "is_cuda") for n in walk(node)
+    ):
+        return False  # `next(model.parameters()).device`: reads where the move put it
     allowed = set()
     for sub in walk(node):
         pair = method_call(sub)

@@ -154,3 +154,20 @@ def test_torchmetrics_and_unprepared_loaders_are_not_called_unsynchronised(acl40
                 metric.add_batch(predictions=model(x).argmax(-1), references=y)
     """
     assert acl403.findings(source) == []
+
+
+def test_decoded_predictions_truncated_by_hand_are_clean(acl403):
+    source = with_head("""
+    seen = 0
+    for step, batch in enumerate(eval_dl):
+        with torch.no_grad():
+            tokens = accelerator.unwrap_model(model).generate(batch["input_ids"])
+        tokens = accelerator.gather(tokens)
+        texts = tokenizer.batch_decode(tokens)
+        if step == len(eval_dl) - 1:
+            texts = texts[: len(eval_dl.dataset) - seen]
+        else:
+            seen += len(texts)
+        metric.add_batch(predictions=texts, references=batch["refs"])
+    """)
+    assert acl403.findings(source) == []

@@ -161,3 +161,18 @@ def test_move_after_prepare_is_clean(acl501):
     model.cuda()
     """
     assert acl501.findings(source) == []
+
+
+def test_no_fix_when_a_tensor_is_created_on_the_parameters_device(acl501, at):
+    source = """
+    import torch
+    from accelerate import Accelerator
+
+    accelerator = Accelerator()
+    model = Net().to("cuda")
+    opt = torch.optim.AdamW(model.parameters())
+    mask = torch.ones(4, device=next(model.parameters()).device)
+    model, opt = accelerator.prepare(model, opt)
+    """
+    assert acl501.findings(source) == [("ACL501", *at(source, 'to("cuda")'))]
+    assert acl501.fixed(source) == textwrap.dedent(source)

@@ -12,7 +12,9 @@ model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.1), nn.Linear(8, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 """
 
-VALIDATE = DATA + """
+VALIDATE = (
+    DATA
+    + """
 def validate(model, loader):
     model.eval()
     return sum(crit(model(x), y).item() for x, y in loader) / len(loader)
@@ -25,6 +27,7 @@ for epoch in range(3):
         opt.zero_grad()
     print(validate(model, val_loader))
 """
+)
 
 
 def test_validate_without_no_grad_that_leaves_eval_mode_is_one_finding(acl502, at):
@@ -37,7 +40,9 @@ def test_validate_without_no_grad_that_leaves_eval_mode_is_one_finding(acl502, a
 
 
 def test_eval_loop_over_a_val_loader_without_no_grad(acl502, at):
-    source = DATA + """
+    source = (
+        DATA
+        + """
 for epoch in range(3):
     model.train()
     for x, y in train_loader:
@@ -48,6 +53,7 @@ for epoch in range(3):
     for x, y in tqdm(val_loader):
         val_loss = crit(model(x), y)
 """
+    )
     assert acl502.findings(source) == [("ACL502", *at(source, "model(x), y)", 1))]
 
 
@@ -66,7 +72,9 @@ def test_trainer_method_named_evaluate(acl502, at):
 
 
 def test_eval_mode_never_undone_in_the_epoch_loop(acl502, at):
-    source = DATA + """
+    source = (
+        DATA
+        + """
 model.train()
 for epoch in range(3):
     for x, y in train_loader:
@@ -78,11 +86,14 @@ for epoch in range(3):
         for x, y in val_loader:
             crit(model(x), y)
 """
+    )
     assert acl502.findings(source) == [("ACL502", *at(source, "model.eval()"))]
 
 
 def test_eval_mode_set_inside_a_helper_called_each_epoch(acl502, at):
-    source = DATA + """
+    source = (
+        DATA
+        + """
 @torch.no_grad()
 def evaluate(net, loader):
     net.eval()
@@ -96,11 +107,14 @@ def main():
             opt.step()
         evaluate(model, val_loader)
 """
+    )
     assert acl502.findings(source) == [("ACL502", *at(source, "net.eval()"))]
 
 
 def test_evaluation_in_a_file_that_never_sets_eval_mode(acl502, at):
-    source = DATA + """
+    source = (
+        DATA
+        + """
 for epoch in range(3):
     for x, y in train_loader:
         crit(model(x), y).backward()
@@ -109,6 +123,7 @@ for epoch in range(3):
         for x, y in val_loader:
             crit(model(x), y)
 """
+    )
     [finding] = acl502.diagnostics(source)
     assert (finding.start.line, finding.start.column) == at(source, "model(x), y)", 1)
     assert "no `.eval()`" in finding.message
@@ -149,7 +164,9 @@ def test_clean_evaluation_functions(acl502, body):
 
 
 def test_caller_wraps_the_evaluate_helper_in_no_grad(acl502):
-    source = DATA + """
+    source = (
+        DATA
+        + """
 def evaluate(model, loader):
     model.eval()
     out = [model(x) for x, _ in loader]
@@ -159,11 +176,14 @@ def evaluate(model, loader):
 with torch.no_grad():
     evaluate(model, val_loader)
 """
+    )
     assert acl502.findings(source) == []
 
 
 def test_phase_loop_with_set_grad_enabled(acl502):
-    source = DATA + """
+    source = (
+        DATA
+        + """
 for epoch in range(2):
     for phase in ["train", "val"]:
         model.train() if phase == "train" else model.eval()
@@ -174,11 +194,14 @@ for epoch in range(2):
                     loss.backward()
                     opt.step()
 """
+    )
     assert acl502.findings(source) == []
 
 
 def test_train_at_the_top_of_each_epoch_is_clean(acl502):
-    source = DATA + """
+    source = (
+        DATA
+        + """
 for epoch in range(3):
     model.train()
     for x, y in train_loader:
@@ -188,11 +211,14 @@ for epoch in range(3):
     with torch.inference_mode():
         val = [crit(model(x), y).item() for x, y in val_loader]
 """
+    )
     assert acl502.findings(source) == []
 
 
 def test_train_mode_restored_by_an_imported_epoch_function(acl502):
-    source = DATA + """
+    source = (
+        DATA
+        + """
 from engine import train_one_epoch
 
 for epoch in range(3):
@@ -202,11 +228,14 @@ for epoch in range(3):
     train_one_epoch(model, extra_loader)
     model.eval()
 """
+    )
     assert acl502.findings(source) == []
 
 
 def test_frozen_teacher_stays_in_eval_mode(acl502):
-    source = DATA + """
+    source = (
+        DATA
+        + """
 teacher.requires_grad_(False)
 model.train()
 for epoch in range(3):
@@ -217,11 +246,14 @@ for epoch in range(3):
         crit(model(x), target).backward()
         opt.step()
 """
+    )
     assert acl502.findings(source) == []
 
 
 def test_function_that_trains_through_a_helper_is_not_an_evaluation(acl502):
-    source = DATA + """
+    source = (
+        DATA
+        + """
 def train(model, loader):
     for x, y in loader:
         crit(model(x), y).backward()
@@ -232,6 +264,7 @@ def eval_linear(model, loader):
     model.eval()
     return model(next(iter(loader))[0])
 """
+    )
     assert acl502.findings(source) == []
 
 
@@ -246,5 +279,46 @@ def test_never_setting_eval_mode_without_dropout_or_batchnorm_is_clean(acl502):
         with torch.no_grad():
             for x, y in test_loader:
                 crit(net(x), y)
+    """
+    assert acl502.findings(source) == []
+
+
+def test_pretrained_model_never_switched_to_train_is_already_in_eval_mode(acl502):
+    source = """
+    import torch
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained("name")
+    with torch.no_grad():
+        for batch in eval_loader:
+            model(**batch)
+    """
+    assert acl502.findings(source) == []
+
+
+def test_train_with_a_mode_argument_may_switch_back(acl502):
+    source = (
+        DATA
+        + """
+for epoch in range(3):
+    for x, y in train_loader:
+        crit(model(x), y).backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        val = [crit(model(x), y) for x, y in val_loader]
+    model.train(mode=args.train_mode)
+"""
+    )
+    assert acl502.findings(source) == []
+
+
+def test_other_frameworks_are_not_judged(acl502):
+    source = """
+    import mxnet as mx
+
+    def validate(net, val_data):
+        for batch in val_data:
+            outputs = net(batch.data[0])
     """
     assert acl502.findings(source) == []

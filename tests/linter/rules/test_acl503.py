@@ -93,3 +93,13 @@ def test_scaler_under_any_key_weights_only_and_engine_saves_are_clean(acl503, sa
 def test_modules_without_an_enabled_scaler_are_clean(acl503, setup):
     source = setup + 'torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, p)\n'
     assert acl503.findings(source) == []
+
+
+def test_dict_handed_to_a_helper_before_the_save_is_not_judged(acl503):
+    source = SETUP + (
+        'ckpt = {"model": model.state_dict(), "optimizer": opt.state_dict()}\n'
+        "for callback in callbacks:\n"
+        "    callback.on_checkpoint_save(ckpt)\n"
+        "torch.save(ckpt, p)\n"
+    )
+    assert acl503.findings(source) == []

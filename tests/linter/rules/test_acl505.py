@@ -163,3 +163,17 @@ def test_parameter_of_unknown_origin_is_clean(acl505):
         opt.step()
     """
     assert acl505.findings(source) == []
+
+
+def test_consumer_in_an_exclusive_branch_is_clean(acl505):
+    source = """
+    import torch
+
+    def clip_gradients(model, kind, threshold):
+        params = model.parameters()
+        if kind == "adaptive":
+            adaptive_clip(params, threshold)
+        elif kind == "norm":
+            torch.nn.utils.clip_grad_norm_(params, threshold)
+    """
+    assert acl505.findings(source) == []

@@ -1,0 +1,218 @@
+"""Gather facts: how evaluation results reach a metric across processes.
+
+`accelerator.gather` keeps the samples a prepared loader repeats to pad its last batch;
+`gather_for_metrics` drops them. A metric fed from `gather` (directly, through the names it is
+assigned to, or through a running total) counts the padding; one fed from nothing gathered sees
+only this process's shard.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import libcst as cst
+
+from linter.model.cst_util import dotted, last_part, method_call, walk
+from linter.model.evaluation import EvalContext, encloses, is_eval_function, is_eval_iterable
+from linter.model.functions import CallSite, Stmt
+
+_METRIC_SINKS = {"add_batch", "add", "update", "compute", "append", "extend"}
+_METRIC_FUNCTION = re.compile(r"metric|accuracy|score|f1|bleu|rouge|precision|recall", re.I)
+_METRIC_LOADERS = {"evaluate.load", "datasets.load_metric", "load_metric"}
+
+
+@dataclass(eq=False)
+class MetricGather:
+    """`accelerator.gather(...)` in evaluation whose result feeds a metric."""
+
+    call: cst.Call
+    stmt: Stmt
+    engine: str
+    sink: str  # what it feeds: "`metric.add_batch(...)`", "`correct +=`"
+
+
+def metric_gathers(model) -> list[MetricGather]:
+    return model.memo("evaluation.metric_gathers", _find_metric_gathers)
+
+
+def _find_metric_gathers(model) -> list[MetricGather]:
+    found = {}
+    for context in _gather_contexts(model):
+        for stmt in context.stmts:
+            for call in _engine_calls(model, stmt, "gather"):
+                sink = _metric_sink(model, context, stmt, call.call)
+                if sink is not None:
+                    found.setdefault(
+                        id(call.call), MetricGather(call.call, stmt, call.receiver, sink)
+                    )
+    return sorted(found.values(), key=lambda g: g.stmt.order)
+
+
+def _gather_contexts(model) -> list[EvalContext]:
+    """Evaluation contexts, with or without a model call of their own (a loop may gather
+    predictions computed by a helper)."""
+
+    def build(m) -> list[EvalContext]:
+        contexts = []
+        for scope in m.scopes:
+            if is_eval_function(scope):
+                contexts.append(EvalContext("function", scope.node, scope, list(scope.stmts)))
+                continue
+            for loop in scope.loops:
+                if isinstance(loop, cst.For) and is_eval_iterable(loop.iter):
+                    stmts = [s for s in scope.stmts if any(f.node is loop for f in s.frames)]
+                    contexts.append(EvalContext("loop", loop, scope, stmts))
+        training = [loop for loop in m.loops]
+        return [c for c in contexts if not any(encloses(c, t.node) for t in training)]
+
+    return model.memo("evaluation.gather_contexts", build)
+
+
+def _engine_calls(model, stmt: Stmt, method: str) -> list[CallSite]:
+    return [
+        c
+        for c in stmt.scope.calls
+        if c.stmt is stmt
+        and c.method == method
+        and (e := model.engine_for(c.receiver, stmt.scope)) is not None
+        and e.kind in ("accelerate", "guard", "unknown")
+    ]
+
+
+def _metric_sink(model, context: EvalContext, stmt: Stmt, gather: cst.Call) -> str | None:
+    """Where the gathered value goes: a metric call or list in the same statement, or, through
+    the names it is assigned to and those derived from them, a later sink of the context
+    (`correct += (p == t).sum()`)."""
+    direct = _sink_in(stmt.node, lambda n: any(s is gather for s in walk(n)))
+    if direct is not None:
+        return direct
+    names = _assigned_names(stmt.node)
+    if not names:
+        return None
+    later = [s for s in context.stmts if s.order > stmt.order]
+    names = _derived_names(later, names)
+    if any(_truncates(s.node, names) for s in later):
+        return None
+    return _names_reach_sink(later, names)
+
+
+def _derived_names(stmts: list[Stmt], names: set[str]) -> set[str]:
+    """The gathered names and those assigned from them later (`preds = tok.decode(preds)`)."""
+    names = set(names)
+    for stmt in stmts:
+        if isinstance(stmt.node, cst.Assign) and _reads_any(stmt.node.value, names):
+            names |= _assigned_names(stmt.node)
+    return names
+
+
+def _reads_any(node, names: set[str]) -> bool:
+    return any(isinstance(s, cst.Name) and s.value in names for s in walk(node))
+
+
+def _truncates(node, names: set[str]) -> bool:
+    """`preds = preds[: len(dl.dataset) - seen]`: the padded tail is dropped by hand (what
+    `gather_for_metrics` does), so the gathered values are right."""
+    if not isinstance(node, cst.Assign) or not isinstance(node.value, cst.Subscript):
+        return False
+    sliced = dotted(node.value.value)
+    if sliced not in names or not any(isinstance(e.slice, cst.Slice) for e in node.value.slice):
+        return False
+    return sliced in _assigned_names(node)
+
+
+def _names_reach_sink(stmts: list[Stmt], names: set[str]) -> str | None:
+    """The first later statement that hands one of the names to a metric or a running total."""
+    for stmt in stmts:
+        sink = _sink_in(stmt.node, lambda n: _reads_any(n, names))
+        if sink is not None:
+            return sink
+        if isinstance(stmt.node, cst.AugAssign) and _reads_any(stmt.node.value, names):
+            return f"`{dotted(stmt.node.target) or 'a running total'} +=`"
+    return None
+
+
+def _sink_in(node: cst.CSTNode, feeds) -> str | None:
+    for sub in walk(node):
+        if not isinstance(sub, cst.Call):
+            continue
+        pair = method_call(sub)
+        name = pair[1] if pair is not None else last_part(dotted(sub.func))
+        is_sink = name in _METRIC_SINKS or bool(_METRIC_FUNCTION.search(name or ""))
+        if is_sink and any(feeds(a.value) for a in sub.args):
+            return f"`{dotted(sub.func) or name}(...)`"
+    return None
+
+
+def _assigned_names(node: cst.CSTNode) -> set[str]:
+    targets = []
+    if isinstance(node, cst.Assign):
+        targets = [t.target for t in node.targets]
+    elif isinstance(node, cst.AnnAssign):
+        targets = [node.target]
+    return {n.value for t in targets for n in walk(t) if isinstance(n, cst.Name)}
+
+
+@dataclass(eq=False)
+class UngatheredMetric:
+    """A metric updated from one process's predictions over a prepared evaluation loader."""
+
+    call: cst.Call
+    stmt: Stmt
+    metric: str
+
+
+def ungathered_metrics(model) -> list[UngatheredMetric]:
+    return model.memo("evaluation.ungathered_metrics", _find_ungathered)
+
+
+def _find_ungathered(model) -> list[UngatheredMetric]:
+    metrics = _metric_objects(model)
+    found = []
+    for context in _gather_contexts(model):
+        if context.kind != "loop" or not _iterates_prepared(model, context):
+            continue
+        if any(_collects(model, s) for s in context.stmts):
+            continue
+        for call in context.scope.calls:
+            in_context = any(call.stmt is s for s in context.stmts)
+            if in_context and call.method in ("add_batch", "add") and call.receiver in metrics:
+                found.append(UngatheredMetric(call.call, call.stmt, call.receiver))
+    return found
+
+
+def _metric_objects(model) -> set[str]:
+    """Names bound to `evaluate.load(...)` / `load_metric(...)` without `num_process`: metrics
+    that compute on what this process gives them (torchmetrics objects sync themselves)."""
+    found = set()
+    for scope in model.scopes:
+        for name, defs in scope.defs.items():
+            for d in defs:
+                value = d.value
+                if isinstance(value, cst.Call) and d.op == "=":
+                    qual = model.imports.qualify(value.func) or ""
+                    keywords = {a.keyword.value for a in value.args if a.keyword is not None}
+                    if qual in _METRIC_LOADERS and "num_process" not in keywords:
+                        found.add(name)
+    return found
+
+
+def _iterates_prepared(model, context: EvalContext) -> bool:
+    loop = context.node
+    for sub in walk(loop.iter):
+        text = dotted(sub) if isinstance(sub, (cst.Name, cst.Attribute)) else None
+        if text is not None and model.is_prepared(text, context.scope):
+            return True
+    return False
+
+
+def _collects(model, stmt: Stmt) -> bool:
+    """`gather`, `gather_for_metrics`, `reduce`, `pad_across_processes` or a torch.distributed
+    collective: the loop already combines processes somewhere."""
+    for sub in walk(stmt.node):
+        pair = method_call(sub)
+        if pair is not None and ("gather" in pair[1] or pair[1] in ("reduce", "all_reduce")):
+            return True
+        if isinstance(sub, cst.Call) and "gather" in (dotted(sub.func) or ""):
+            return True
+    return False
