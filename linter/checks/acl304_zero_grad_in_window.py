@@ -11,21 +11,28 @@ from linter.model.cst_util import code
 def check(ctx) -> None:
     """Report zero_grad on every micro-step of a manual window, or before the backward inside
     `accumulate()`."""
-    model = ctx.model
-    for loop in model.loops:
+    for loop in ctx.model.loops:
         for site in loop.of_kind("zero_grad"):
-            if model.regions_around(site.stmt, "accumulate"):
-                if _before_backward_in_accumulate(model, loop, site):
-                    steps = _steps_later_in_block(loop, site)
-                    _report(ctx, loop, site, steps, "at the top of the `accumulate()` block")
-            elif windows.zeroing_micro_loop(loop, site.stmt):
-                if windows.runs_every_iteration(loop, site.stmt):
-                    steps = windows.steps_after_micro_loop(loop)
-                    _report(ctx, loop, site, steps, "on every pass of the micro-step loop")
-            elif _every_micro_step(model, loop, site):
-                steps = windows.update_steps(model, loop, site.stmt)
-                where = "on every micro-step of a manual accumulation window"
+            found = _window_it_wipes(ctx.model, loop, site)
+            if found is not None:
+                where, steps = found
                 _report(ctx, loop, site, steps, where)
+
+
+def _window_it_wipes(model, loop, site):
+    """(where the call runs, the optimizer steps it belongs after) when it wipes a window."""
+    if model.regions_around(site.stmt, "accumulate"):
+        if _before_backward_in_accumulate(model, loop, site):
+            return "at the top of the `accumulate()` block", _steps_later_in_block(loop, site)
+        return None
+    if windows.zeroing_micro_loop(loop, site.stmt):
+        if windows.runs_every_iteration(loop, site.stmt):
+            return "on every pass of the micro-step loop", windows.steps_after_micro_loop(loop)
+        return None
+    if _every_micro_step(model, loop, site):
+        steps = windows.update_steps(model, loop, site.stmt)
+        return "on every micro-step of a manual accumulation window", steps
+    return None
 
 
 def _every_micro_step(model, loop, site) -> bool:
