@@ -281,3 +281,29 @@ def test_prepared_scheduler_beside_accumulate_and_a_manual_gate(acl305):
         sched.step()
     """
     assert acl305.findings(source) == []
+
+
+def test_with_acl304_both_calls_land_after_the_step():
+    source = textwrap.dedent(
+        """
+        for i, (x, y) in enumerate(dl):
+            opt.zero_grad()
+            (crit(model(x), y) / K).backward()
+            if (i + 1) % K == 0 or i + 1 == len(dl):
+                opt.step()
+            sched.step()
+        """
+    )
+    codes = ["ACL304", "ACL305"]
+    outcome = fix_text(source, lambda text: analyze_source(text, "snippet.py", codes), True)
+    assert outcome.error is None and outcome.diagnostics == []
+    assert outcome.text == textwrap.dedent(
+        """
+        for i, (x, y) in enumerate(dl):
+            (crit(model(x), y) / K).backward()
+            if (i + 1) % K == 0 or i + 1 == len(dl):
+                opt.step()
+                opt.zero_grad()
+                sched.step()
+        """
+    )
