@@ -6,6 +6,8 @@ from linter.model import (
     Model,
     TrainingLoop,
     accumulation,
+    checkpoints,
+    evaluation,
     logged_losses,
     losses,
     precision,
@@ -21,7 +23,14 @@ _LOOP_KINDS = {"For": "for", "While": "while", "FunctionDef": "step function"}
 
 
 def describe(model: Model, path: str) -> dict:
-    return {"file": path, "loops": [_loop(model, loop, path) for loop in model.loops]}
+    found = {"file": path, "loops": [_loop(model, loop, path) for loop in model.loops]}
+    for key, facts in (
+        ("evaluation", evaluation.describe(model)),
+        ("checkpoints", checkpoints.describe(model)),
+    ):
+        if facts:
+            found[key] = facts
+    return found
 
 
 def _line(model: Model, node) -> int:
