@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from linter.context import RuleContext
+from linter.model.param_dtypes import frozen_names
 from linter.model.precision import (
     FP16,
     Autocast,
     autocasts,
     engine_precision_of,
     engines,
-    frozen_names,
     live_scalers,
     region_scope,
     under_no_grad,

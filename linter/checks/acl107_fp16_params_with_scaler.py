@@ -4,15 +4,8 @@ precision while gradients accumulate."""
 from __future__ import annotations
 
 from linter.context import RuleContext
-from linter.model.precision import (
-    FP16,
-    ParamCast,
-    accumulates,
-    engine_precision_of,
-    engines,
-    live_scalers,
-    param_casts,
-)
+from linter.model.param_dtypes import ParamCast, accumulates, param_casts
+from linter.model.precision import FP16, engine_precision_of, engines, live_scalers
 
 
 def check(ctx: RuleContext) -> None:

@@ -15,25 +15,22 @@ from dataclasses import dataclass
 import libcst as cst
 
 from linter.model.cst_util import (
-    children,
     code,
     dotted,
     has_star_kwargs,
-    int_value,
     is_false,
     keyword,
     last_part,
-    method_call,
     positional,
     string_value,
     walk,
 )
 from linter.model.functions import Stmt
 from linter.model.loops import Region
-from linter.model.setup import Engine, Scaler, _callee_kind
+from linter.model.setup import Engine, Scaler
 
 FP16, BF16, FP32 = "fp16", "bf16", "fp32"
-_DTYPES = {
+DTYPES = {  # the dtype word of a torch dtype
     "torch.float16": FP16,
     "torch.half": FP16,
     "torch.bfloat16": BF16,
@@ -48,14 +45,7 @@ _NO_GRAD = {"torch.no_grad", "torch.inference_mode"}
 _PRECISION_WORDS = re.compile(r"fp16|float16|half|dtype|precision", re.I)
 _FP16_NAME = re.compile(r"(^|_)(fp16|float16)($|_)", re.I)
 _FP16_STRINGS = {"fp16", "float16", "half", "16", "16-mixed"}
-_CAST_METHODS = {"half": FP16, "bfloat16": BF16}
-_PARAMETER_METHODS = {"parameters", "named_parameters"}
-# Module methods that work in place and return the module (`model.to(d).half()`).
 _MODULE_METHODS = {"to", "half", "bfloat16", "float", "cuda", "cpu", "requires_grad_", "train"}
-_MAX_DEPTH = 3
-_MASTER_WEIGHT_PACKAGES = ("apex.",)
-_OPTIMIZER_CLASS = re.compile(r"optim|adam|sgd|lamb|lion|adafactor|prodigy|rmsprop|adagrad", re.I)
-_ADAPTERS = {"get_peft_model", "PeftModel.from_pretrained"}
 
 
 # autocast regions --------------------------------------------------------------------------
@@ -153,7 +143,7 @@ def _user_autocast(model, region: Region) -> Autocast:
         index = 0 if old_api else 2
         enabled_arg = args[index] if len(args) > index else None
     if dtype_arg is not None:
-        dtype = _DTYPES.get(model.imports.qualify(dtype_arg) or "")
+        dtype = DTYPES.get(model.imports.qualify(dtype_arg) or "")
     else:
         dtype = None if handed_in else _DEVICE_DEFAULT.get(device or "")
     enabled = _literal_bool(enabled_arg)
@@ -304,7 +294,7 @@ def _build_fp16_path(model) -> bool:
             text = dotted(node)
             if text is None:
                 continue
-            if _DTYPES.get(model.imports.qualify(node) or "") == FP16:
+            if DTYPES.get(model.imports.qualify(node) or "") == FP16:
                 return True
             if _FP16_NAME.search(last_part(text)) or last_part(text) == "half":
                 return True
@@ -325,231 +315,12 @@ def bf16_sources(model) -> list[str]:
     return found
 
 
-# parameter dtypes -----------------------------------------------------------------------------
-@dataclass(eq=False)
-class ParamCast:
-    """A model whose parameters are cast to a low-precision dtype."""
-
-    name: str  # the model, as the module names it
-    dtype: str  # FP16 / BF16
-    node: cst.CSTNode  # the cast: `half`, the dtype argument, or the `torch_dtype=` keyword
-    stmt: Stmt
-    trained: bool  # its parameters reach an optimizer
-    frozen: bool  # `requires_grad_(False)`, gradients turned off in a loop, or an adapter wrapper
-
-
-def param_casts(model) -> list[ParamCast]:
-    return model.memo("precision.param_casts", _build_param_casts)
-
-
-def accumulates(model) -> bool:
-    """Whether gradients are accumulated over K > 1 micro-steps (an engine's value, or a step
-    gate's K, other than the literal 1)."""
-    values = [e.accum for e in engines(model) if e.accum is not None]
-    values += [loop.gate.k for loop in model.loops if loop.gate is not None]
-    return any(k is not None and (int_value(k) is None or int_value(k) > 1) for k in values)
-
-
-def _build_param_casts(model) -> list[ParamCast]:
-    trained = _trained_names(model)
-    frozen = frozen_names(model)
-    found = []
-    for scope in model.scopes:
-        for stmt in scope.stmts:
-            target, chain = _cast_chain(stmt)
-            cast = _low_precision_cast(model, chain) if target is not None else None
-            if cast is None:
-                continue
-            reaches = any(_sees(scope, user, target) for user in trained.get(target, ()))
-            found.append(ParamCast(target, cast[0], cast[1], stmt, reaches, target in frozen))
-    return found
-
-
-def _sees(cast_scope, optimizer_scope, name: str) -> bool:
-    """Whether the optimizer built in `optimizer_scope` gets the object that `cast_scope` casts:
-    the same function, an enclosing one (the module), or `self.X` in the same class. A model
-    cast in an evaluation function of its own is another object."""
-    if name.startswith("self."):
-        return cast_scope.class_name is not None and cast_scope.class_name == (
-            optimizer_scope.class_name
-        )
-    scope = optimizer_scope
-    while scope is not None:
-        if scope is cast_scope:
-            return True
-        scope = scope.parent
-    return False
-
-
-def _cast_chain(stmt: Stmt) -> tuple[str | None, list[cst.Call]]:
-    """(the model a statement casts, the calls of its method chain): `m = Net().to(d).half()`
-    casts `m`; `m.half()` and `m.to(torch.float16)` cast `m` in place."""
-    node = stmt.node
-    if isinstance(node, (cst.Assign, cst.AnnAssign)):
-        targets = node.targets if isinstance(node, cst.Assign) else [node]
-        if len(targets) != 1 or dotted(targets[0].target) is None:
-            return None, []
-        return dotted(targets[0].target), _chain(node.value)
-    if isinstance(node, cst.Expr):
-        chain = _chain(node.value)
-        pair = method_call(chain[-1]) if chain else None
-        if pair is not None and pair[1] in _MODULE_METHODS and dotted(pair[0]) is not None:
-            return dotted(pair[0]), chain
-    return None, []
-
-
-def _chain(value: cst.BaseExpression | None) -> list[cst.Call]:
-    """The calls of `a(...).b(...).c(...)`, outermost first."""
-    calls = []
-    while isinstance(value, cst.Call):
-        calls.append(value)
-        value = value.func.value if isinstance(value.func, cst.Attribute) else None
-    return calls
-
-
-def _low_precision_cast(model, chain: list[cst.Call]) -> tuple[str, cst.CSTNode] | None:
-    """The dtype the chain leaves the parameters in, when low (the outermost cast wins:
-    `model.half().float()` ends in fp32), with the node that sets it."""
-    for call in chain:
-        found = _cast_of(model, call)
-        if found is not None:
-            return found if found[0] in (FP16, BF16) else None
-    return None
-
-
-def _cast_of(model, call: cst.Call) -> tuple[str, cst.CSTNode] | None:
-    pair = method_call(call)
-    method = pair[1] if pair else None
-    if method in _CAST_METHODS and not call.args:
-        return _CAST_METHODS[method], call.func.attr
-    if method in ("float", "double") and not call.args:
-        return FP32, call
-    if method == "to":
-        for arg in [a.value for a in call.args if _dtype_argument(a)]:
-            dtype = _DTYPES.get(model.imports.qualify(arg) or "")
-            if dtype is not None:
-                return dtype, arg
-    for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value == "torch_dtype":
-            dtype = _DTYPES.get(model.imports.qualify(arg.value) or "")
-            if dtype is not None:
-                return dtype, arg
-    return None
-
-
-def _dtype_argument(arg: cst.Arg) -> bool:
-    return arg.keyword is None or arg.keyword.value == "dtype"
-
-
-def _trained_names(model) -> dict[str, list]:
-    """Names whose parameters reach an optimizer, with the functions that build those
-    optimizers: the names in an optimizer's arguments (`model.parameters()`, param groups), and
-    those bound to them (`params = model.parameters()`)."""
-    return model.memo("precision.trained", _build_trained)
-
-
-def _build_trained(model) -> dict[str, list]:
-    found: dict[str, list] = {}
-    for site in model.calls:
-        if not _is_optimizer_call(model, site):
-            continue
-        seen: set[str] = set()
-        pending = [(a.value, 0) for a in site.call.args]
-        while pending:
-            node, depth = pending.pop()
-            for text in _dotted_names(node):
-                if text in seen or depth >= _MAX_DEPTH:
-                    continue
-                seen.add(text)  # a model handed over whole (`groups(model)`), or a name to resolve
-                found.setdefault(text, []).append(site.stmt.scope)
-                pending.extend((d.value, depth + 1) for d in model.module_defs(text) if d.value)
-    return found
-
-
-def _dotted_names(node: cst.CSTNode):
-    """The whole dotted names in an expression (`self.model` in `self.model.parameters()`,
-    with `.parameters` dropped), not their parts."""
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        text = dotted(current)
-        if text is not None:
-            head, _, method = text.rpartition(".")
-            yield head if method in _PARAMETER_METHODS and head else text
-            continue
-        stack.extend(children(current))
-
-
-def _is_optimizer_call(model, site) -> bool:
-    """An optimizer's construction, by its class (`torch.optim.AdamW`, `Adam8bit`,
-    `optimizer_class` bound to one). apex's fused optimizers keep fp32 master weights and take
-    the scaler themselves: left to the runtime check."""
-    qual = model.imports.qualify(site.call.func) or ""
-    if qual.startswith(_MASTER_WEIGHT_PACKAGES):
-        return False
-    if _callee_kind(qual) == "optimizer" or _OPTIMIZER_CLASS.search(last_part(qual)):
-        return True
-    values = [d.value for d in model.module_defs(dotted(site.call.func) or "") if d.value]
-    return any(
-        _callee_kind(model.imports.qualify(sub) or "") == "optimizer"
-        for value in values
-        for sub in walk(value)
-        if isinstance(sub, cst.Attribute | cst.Name)
-    )
-
-
-def frozen_names(model) -> set[str]:
-    """Models kept out of training (see `_build_frozen`)."""
-    return model.memo("precision.frozen", _build_frozen)
-
-
-def _build_frozen(model) -> set[str]:
-    """Models kept out of training: `requires_grad_(False)` (chained or on its own line), a loop
-    over `.parameters()` that turns `requires_grad` off, or an adapter wrapper (`get_peft_model`)
-    whose trainable weights are created in fp32."""
-    found = set()
-    for scope in model.scopes:
-        for stmt in scope.stmts:
-            target, chain = _cast_chain(stmt)
-            if any(_freezes(model, call) for call in chain):
-                found.add(target)
-        for loop in scope.loops:
-            if isinstance(loop, cst.For):
-                frozen = _loop_freezes(loop)
-                if frozen is not None:
-                    found.add(frozen)
-    return found
-
-
-def _freezes(model, call: cst.Call) -> bool:
-    pair = method_call(call)
-    if pair and pair[1] == "requires_grad_" and call.args and is_false(call.args[0].value):
-        return True
-    return last_part(model.imports.qualify(call.func)) in _ADAPTERS or code(call.func) in _ADAPTERS
-
-
-def _loop_freezes(loop: cst.For) -> str | None:
-    """`X` for `for p in X.parameters(): p.requires_grad = False` (not for a loop that freezes
-    only some layers under an `if`)."""
-    pair = method_call(loop.iter)
-    if pair is None or pair[1] not in _PARAMETER_METHODS or dotted(pair[0]) is None:
-        return None
-    body = loop.body.body if isinstance(loop.body, cst.IndentedBlock) else [loop.body]
-    lines = [line for line in body if isinstance(line, cst.BaseSuite | cst.SimpleStatementLine)]
-    for small in (s for line in lines for s in line.body):  # unconditional: not a partial freeze
-        if isinstance(small, cst.Assign) and is_false(small.value):
-            if any(
-                isinstance(t.target, cst.Attribute) and t.target.attr.value == "requires_grad"
-                for t in small.targets
-            ):
-                return dotted(pair[0])
-    return None
-
-
 # --show-loops ---------------------------------------------------------------------------------
 def describe(model, loop) -> dict:
     """The precision facts ACL105/106/107/202/204 rely on, for one loop: the engines' precision,
     the autocast regions inside the loop and the dtypes models' parameters are cast to."""
+    from linter.model.param_dtypes import param_casts  # that module reads this one
+
     regions = [
         _describe_autocast(model, c)
         for c in autocasts(model)

@@ -7,7 +7,7 @@ import textwrap
 import libcst
 
 from linter.analysis import describe_loops
-from linter.model import Model, precision
+from linter.model import Model, param_dtypes, precision
 
 
 def _model(source: str) -> Model:
@@ -100,7 +100,9 @@ def test_parameter_casts_know_trained_and_frozen_models():
     text = Clip.from_pretrained(name, torch_dtype=torch.bfloat16)
     opt = torch.optim.AdamW(model.parameters())
     """
-    casts = [(c.name, c.dtype, c.trained, c.frozen) for c in precision.param_casts(_model(source))]
+    casts = [
+        (c.name, c.dtype, c.trained, c.frozen) for c in param_dtypes.param_casts(_model(source))
+    ]
     assert casts == [
         ("model", "fp16", True, False),
         ("vae", "fp16", False, True),
