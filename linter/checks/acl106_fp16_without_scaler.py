@@ -57,6 +57,8 @@ def _trained_backward(model, cast: Autocast):
         for site in loop.backwards:
             if site.stmt.scope is not scope or _scaled(model, site) or _vjp(model, site):
                 continue
+            if site.kind == "engine_backward" and not _fp32_engine(model, site):
+                continue
             if _inside(site.stmt, cast) or _flows_through(model, site, cast, frozen):
                 return site
     return None
@@ -73,6 +75,13 @@ def _scaled(model, site) -> bool:
     call = site.call
     receiver = getattr(call.func, "value", None)
     return receiver is not None and model.is_scaled_loss(receiver, site.stmt.scope, site.stmt.order)
+
+
+def _fp32_engine(model, site) -> bool:
+    """Whether an engine's backward is known not to scale: an Accelerator or guard engine pinned
+    to "no". DeepSpeed, Fabric or an engine of unknown precision may scale it themselves."""
+    engine = model.engine_for(site.receiver, site.stmt.scope)
+    return engine is not None and engine_precision_of(engine) == "no"
 
 
 def _vjp(model, site) -> bool:

@@ -274,3 +274,20 @@ def test_backward_of_a_handed_in_gradient_is_not_a_trained_loss(acl106):
     """
     assert acl106.findings(source) == []
     assert acl106.findings(source.replace("out.backward(grad_out[shape])", "out.sum().backward()"))
+
+
+def test_deepspeed_or_fabric_backward_may_scale_and_is_not_flagged(acl106):
+    source = """
+    import deepspeed
+    import torch
+
+    model_engine, optimizer, _, _ = deepspeed.initialize(model=net, config=cfg)
+    for x, y in dl:
+        with torch.autocast("cuda"):
+            loss = crit(model_engine(x), y)
+        model_engine.backward(loss)
+        model_engine.step()
+    """
+    assert acl106.findings(source) == []
+    fabric = source.replace("model_engine.backward(loss)", "fabric.backward(loss)")
+    assert acl106.findings(fabric) == []
