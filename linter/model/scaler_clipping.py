@@ -7,6 +7,7 @@ be fp16, or in a file that configures FSDP (where torch's clip computes a per-sh
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -99,15 +100,20 @@ def _unscaled_between(
     body: Body, backward: Stmt, clip: Stmt, unscaling: list[Stmt], inner=frozenset()
 ) -> bool:
     """An unscaling statement between the two that runs whenever both do: `if amp: backward;
-    unscale_` and `if clip: unscale_; clip(...)` both count, `if log: unscale_` does not.
-    `inner`: what a helper's backward needs inside the helper (`if self.use_amp:`)."""
+    unscale_` and `if clip: unscale_; clip(...)` both count, `if log: unscale_` does not. A test
+    about the precision itself (`if scaler is not None:`, `if args.fp16:`) also counts: where it
+    fails, no scaled backward ran. `inner`: what a helper's backward needs inside the helper."""
     allowed = body.conditions(backward) | body.conditions(clip) | inner
     for stmt in unscaling:
         if backward.order < stmt.order < clip.order:
             if same_path(stmt, backward) and same_path(stmt, clip):
-                if body.conditions(stmt) <= allowed:
+                extra = body.conditions(stmt) - allowed
+                if all(_PRECISION_TEST.search(test) for test, _ in extra):
                     return True
     return False
+
+
+_PRECISION_TEST = re.compile(r"scal|amp|fp16|half|mixed|precision|autocast", re.I)
 
 
 def unscale_target(model: Model, clip: ScaledClip) -> str | None:

@@ -646,3 +646,21 @@ def test_trainer_whose_step_method_scales_under_the_amp_flag_is_clean(acl104):
                         self.optimizer.step()
     """
     assert acl104.findings(source) == []
+
+
+def test_unscale_under_another_spelling_of_the_amp_test_is_clean(acl104):
+    source = """
+    for x, y in dl:
+        loss = crit(model(x), y)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+        else:
+            loss.backward()
+        if args.fp16:
+            scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+    """
+    assert acl104.findings(source) == []
