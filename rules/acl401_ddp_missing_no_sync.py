@@ -9,12 +9,19 @@ RULE = Rule(
     severity="warning",
     fix="unsafe",
     runtime="full",
-    static=False,
+    static=True,
     docs="""\
 ## What it does
-Flags a model wrapped in `DistributedDataParallel(` / `DDP(` used in a manual accumulation loop
-with no `no_sync` in the loop, and any `with m.no_sync():` block that contains a backward but not
-the model's forward call.
+Flags a model wrapped in `DistributedDataParallel(` / `DDP(` (any import alias,
+`torch.nn.parallel.DistributedDataParallel`, a module helper that returns one, an imported
+helper named like `smart_DDP`, or `self.model` in a trainer class) whose forward runs in a
+manual accumulation loop (`% K` gate, a counter compared with K, or a `range(K)` micro-step
+loop, K > 1) when the loop never controls the sync: no `no_sync` (a plain or conditional
+context, an `ExitStack`, a name bound to it, a module function the loop calls) and no
+`require_backward_grad_sync`. Reported at the forward. Also flags a `with m.no_sync():` or
+`with accelerator.no_sync(m):` block that holds a backward but not `m`'s forward, reported at the
+context. Not flagged: `accelerator.accumulate()`, `sync_each_batch=True`, FSDP, DeepSpeed, apex
+and fairscale wrappers.
 
 ## Why is this bad?
 DDP all-reduces gradients in every backward unless the forward ran under `no_sync()`. With N-step
@@ -45,7 +52,14 @@ for i, (x, y) in enumerate(dl):
 Unsafe. The micro-step is restructured so that forward and backward run inside
 `ddp_model.no_sync()` on non-final micro-steps, with a conditional context as shown above. That
 moves the forward into a new block, interacts with `find_unused_parameters` / `static_graph`, and
-changes the order of floating-point summation, so results are not bitwise identical.
+changes the order of floating-point summation, so results are not bitwise identical. The
+statements from the forward to the backward go under `with nullcontext() if <step condition>
+else model.no_sync():` (`micro_step == K - 1` in a micro-step loop), adding `from contextlib
+import nullcontext` when needed; a model wrapped in DDP only on some runs (`if ddp: model =
+DDP(model)`) gets `getattr(model, "no_sync", nullcontext)()`, so single-process runs still work.
+A late `with model.no_sync():` gets the forward moved into it and a conditional context. No fix
+when the step condition reads a counter that changes between the forward and the step, when the
+forward and backward are in different blocks, or when several DDP models run in the loop.
 
 ## At runtime
 A forward pre-hook on the DDP module reads `require_backward_grad_sync`; if it is true on a

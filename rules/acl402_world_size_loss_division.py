@@ -9,13 +9,17 @@ RULE = Rule(
     severity="error",
     fix="safe",
     runtime="partial",
-    static=False,
+    static=True,
     guard_levels=("warning",),
     docs="""\
 ## What it does
-Flags a loss divided by `world_size`, `dist.get_world_size()`, `accelerator.num_processes`,
-`args.world_size` or `int(os.environ["WORLD_SIZE"])` on its way to the backward of a DDP-wrapped or
-prepared model.
+Flags a division of the loss by the world size (`dist.get_world_size()`, any
+`*_world_size` name, `accelerator.num_processes`, `args.world_size`,
+`int(os.environ["WORLD_SIZE"])`, or a name bound to one), alone or as a factor of the divisor
+(`loss / (world_size * K)`), on the assignments that lead to the backward of a DDP-wrapped or
+prepared model. Not flagged: divided copies that do not reach the backward (logging, a detached
+all-reduced clone), a path that also multiplies by W (`loss * W / n_tokens`), loops that
+all-reduce `p.grad` by hand, and modules that register a DDP communication hook.
 
 ## Why is this bad?
 DDP, and so Accelerate's prepared model, already averages gradients over the W ranks. Dividing the
@@ -37,7 +41,9 @@ loss.backward()                             # averaged across ranks by DDP
 
 ## Fix safety
 Safe. The world-size factor is removed only when the divided value feeds nothing but the backward
-(the same condition as ACL302), so logged values and other computations are unchanged.
+(the name is read by no other statement), so logged values and other computations are unchanged:
+`loss = loss / W` and `loss /= W` lines are deleted, `expr / W` becomes `expr`, and
+`expr / (W * K)` becomes `expr / K`.
 
 ## At runtime
 Partial: `engine.backward` inspects the root `grad_fn` for a division by W (or a multiplication by

@@ -9,12 +9,19 @@ RULE = Rule(
     severity="warning",
     fix="none",
     runtime="full",
-    static=False,
+    static=True,
     docs="""\
 ## What it does
-Flags a `DistributedSampler(` (with `shuffle` not literal `False`) whose loader is iterated inside
-an epoch loop that never calls `.set_epoch(` on the sampler (or on `dl.sampler` /
-`dl.batch_sampler.sampler`).
+Flags an epoch loop (a `for` or `while` around the pass) over a training loader built from a
+`DistributedSampler(` whose `shuffle` is not literal `False` (bound to a name, one arm of a
+conditional, inline in `DataLoader(sampler=...)`, or through a `BatchSampler`), when neither
+that loop, nor a module function it calls, nor the function that makes the pass calls
+`.set_epoch(` (on the sampler, `dl.sampler`, `dl.batch_sampler.sampler`, or anything that is not
+another known sampler). The pass may be a loop in the same function, a module function such as
+`train_one_epoch(model, loader, ...)`, or an imported function named for training that is handed
+the loader. A loader counts as training when its pass reaches a backward and a `.step()`;
+evaluation loaders, loaders given to `accelerator.prepare`, and single passes are not flagged.
+Reported at the epoch loop.
 
 ## Why is this bad?
 `DistributedSampler` seeds its permutation with seed + epoch. Without `set_epoch(epoch)` at the

@@ -9,12 +9,16 @@ RULE = Rule(
     severity="error",
     fix="safe",
     runtime="full",
-    static=False,
+    static=True,
     docs="""\
 ## What it does
-Flags a call of `<ddp>.module(...)` / `<ddp>.module.forward(...)` whose result flows into a
-backward; `<ddp>.require_backward_grad_sync = <expr>` where the expression cannot be true on the
-micro-step that steps; and `with <ddp>.no_sync():` around the optimizer step.
+Flags a call of `<ddp>.module(...)` / `<ddp>.module.forward(...)` on the assignments that lead to
+a backward (not `model.module` for saving, attributes, generation or evaluation under
+`no_grad`); a `<ddp>.require_backward_grad_sync = <expr>` whose every assignment in the loop is
+false on the micro-steps that step the optimizer (a literal `False`, or an expression of the
+micro-step index and K, such as `micro_step == K` in `for micro_step in range(K)`, evaluated for
+several K; an expression the linter cannot evaluate is trusted); and an unconditional
+`with <ddp>.no_sync():` that holds the optimizer step.
 
 ## Why is this bad?
 The gradients of the DDP model are never all-reduced on the steps that count, so the replicas

@@ -1,0 +1,361 @@
+"""ACL401: a DDP model that all-reduces on every micro-step of a manual accumulation window."""
+
+from __future__ import annotations
+
+import sys
+
+import libcst as cst
+
+from linter.context import make_fix
+from linter.model import distributed as dist
+from linter.model.cst_util import code, dotted, int_value, walk
+from linter.types import Edit, Position
+
+
+def check(ctx) -> None:
+    model = ctx.model
+    if dist.syncs_each_batch(model):
+        return  # an explicit choice to all-reduce on every micro-step
+    for loop in model.loops:
+        if not isinstance(loop.node, (cst.For, cst.While)):
+            continue
+        gate = _accumulation_gate(model, loop)
+        late = _too_late_regions(ctx, loop, gate)
+        if not late and gate is not None and not dist.mentions_sync_control(model, loop):
+            _missing_no_sync(ctx, loop, gate)
+
+
+def _accumulation_gate(model, loop):
+    """The step gate of a manual accumulation window (K > 1) around a backward of the loop;
+    None under `accelerator.accumulate()`, which applies `no_sync` itself."""
+    for site in loop.backwards:
+        if model.regions_around(site.stmt, "accumulate") or model.on_update_step(loop, site.stmt):
+            continue
+        gate = model.gate_for(loop, site.stmt)
+        if gate is None or gate.k is None or gate.kind not in ("modulo", "counter", "micro-loop"):
+            continue
+        value = int_value(gate.k)
+        if value is None or value > 1:
+            return gate
+    return None
+
+
+# `with m.no_sync():` around the backward only -------------------------------------------------
+def _too_late_regions(ctx, loop, gate) -> bool:
+    """`with m.no_sync():` blocks that hold a backward but not the forward: DDP reads the flag
+    in forward, so the block changes nothing. Blocks that hold the forward are correct."""
+    model = ctx.model
+    found = False
+    for region in dist.no_sync_regions(model, loop.scope):
+        if not any(f.node is loop.node for f in region.frames):
+            continue
+        inside = [s for s in loop.backwards if _in_with(s.stmt, region.with_node)]
+        if not inside or region.target is None:
+            continue
+        held = dist.ddp_held_by(model, region.target, loop.scope) or region.target
+        calls = [c for c in model.calls_in_with(region.with_node)]
+        if dist.forward_calls(model, calls, held):
+            continue
+        found = True
+        forwards = dist.forward_calls(model, dist.loop_calls(model, loop), held)
+        fix, note = _move_forward_in(ctx, loop, gate, region, forwards)
+        ctx.report(
+            region.call,
+            f"`{code(region.call)}` holds the backward but not `{region.target}`'s forward: DDP "
+            "decides in forward whether to all-reduce, so every micro-step still all-reduces",
+            fix,
+            notes=(note,) if note else (),
+        )
+    return found
+
+
+def _in_with(stmt, with_node) -> bool:
+    return any(f.node is with_node for f in stmt.frames)
+
+
+def _move_forward_in(ctx, loop, gate, region, forwards):
+    if gate is None:
+        return None, "no fix: no accumulation step gate was found to make `no_sync` conditional"
+    if len(region.with_node.items) != 1 or not forwards:
+        return None, "no fix: move the forward into the `no_sync()` block by hand"
+    block, first, last = _common_block(loop, gate, [forwards[0].stmt.line, region.with_node])
+    if block is None or block[last] is not region.with_node:
+        return None, "no fix: the forward and the `no_sync()` block are in different blocks"
+    context = _conditional_context(ctx, loop, gate, block, first, last, code(region.call))
+    if isinstance(context, str):
+        return None, context
+    expr, import_edit = context
+    if region.conditional:
+        expr = code(region.item.item)
+    edit = _wrap_into_with(ctx, block, first, region.with_node, expr)
+    if edit is None:
+        return None, "no fix: the block's layout cannot be rewritten cleanly"
+    return _fix(edit, import_edit), None
+
+
+# no `no_sync` at all ---------------------------------------------------------------------
+def _missing_no_sync(ctx, loop, gate) -> None:
+    model = ctx.model
+    found = dist.ddp_models_in(model, loop)
+    if not found:
+        return
+    held, forward = found[0]
+    note = None
+    fix = None
+    if len(found) > 1:
+        note = "no fix: several DDP models run in this loop; put each under `no_sync()`"
+    else:
+        fix, note = _wrap_micro_step(ctx, loop, gate, held, forward)
+    k = code(gate.k) if int_value(gate.k) is not None else f"`{code(gate.k)}`"
+    ctx.report(
+        forward.call,
+        f"DDP model `{held.name}` (line {ctx.line_of(held.call)}) all-reduces its gradients on "
+        f"every micro-step, but the optimizer steps only every {k} micro-steps: run the "
+        "forward and backward of the other micro-steps under `no_sync()`",
+        fix,
+        notes=(note,) if note else (),
+    )
+
+
+def _wrap_micro_step(ctx, loop, gate, held, forward):
+    """The forward-to-backward lines under `nullcontext() if <update step> else m.no_sync()`;
+    a model wrapped in DDP only on distributed runs gets `getattr(m, "no_sync", nullcontext)()`,
+    so single-process runs keep working."""
+    backwards = [s for s in loop.backwards if not ctx.model.on_update_step(loop, s.stmt)]
+    targets = [forward.stmt.line, *(s.stmt.line for s in backwards)]
+    block, first, last = _common_block(loop, gate, targets)
+    if block is None:
+        return None, "no fix: the forward and the backward are in different blocks"
+    owner = _owner_text(ctx.model, forward, held)
+    no_sync = f"{owner}.no_sync()"
+    if not dist.wrapped_on_every_path(ctx.model, held):
+        no_sync = f'getattr({owner}, "no_sync", {{nullcontext}})()'
+    context = _conditional_context(ctx, loop, gate, block, first, last, no_sync)
+    if isinstance(context, str):
+        return None, context
+    expr, import_edit = context
+    edit = _wrap_lines(ctx, block[first], block[last], expr)
+    if edit is None:
+        return None, "no fix: the micro-step's lines cannot be re-indented cleanly"
+    return _fix(edit, import_edit), None
+
+
+def _fix(edit, import_edit):
+    message = "Run the forward and backward of non-final micro-steps under `no_sync()`"
+    edits = [edit] if import_edit is None else [import_edit, edit]
+    return make_fix(message, *edits, applicability="unsafe")
+
+
+def _owner_text(model, forward, held) -> str:
+    """How the loop spells the DDP model: the callee of `model(x)`, or the argument handed."""
+    func = dotted(forward.call.func) or ""
+    func = func.removesuffix(".forward")
+    scope = forward.stmt.scope
+    if dist.ddp_held_by(model, func, scope) is held:
+        return func
+    for arg in forward.call.args:
+        if dist.ddp_held_by(model, dotted(arg.value), scope) is held:
+            return dotted(arg.value)
+    return held.name
+
+
+# the restructuring -------------------------------------------------------------------------
+def _common_block(loop, gate, targets):
+    """(statements, first index, last index) of the deepest block holding all `targets`
+    (statement lines or compound statements), starting from the loop (or the micro-step loop).
+    (None, 0, 0) when they are not in one indented block."""
+    container = gate.node if gate.kind == "micro-loop" else loop.node
+    while True:
+        body = container.body
+        if not isinstance(body, cst.IndentedBlock):
+            return None, 0, 0
+        block = list(body.body)
+        indices = [_index_holding(block, t) for t in targets]
+        if any(i is None for i in indices):
+            return None, 0, 0
+        first, last = min(indices), max(indices)
+        node = block[first]
+        is_target = any(node is t for t in targets)
+        descend = first == last and not is_target and _descendable(node, targets)
+        if not descend:
+            return block, first, last
+        container = node
+
+
+def _index_holding(block, target) -> int | None:
+    for i, statement in enumerate(block):
+        if statement is target or any(n is target for n in walk(statement)):
+            return i
+    return None
+
+
+def _descendable(node, targets) -> bool:
+    """A compound statement whose main body holds all targets (not an `else` branch)."""
+    if isinstance(node, (cst.With, cst.For, cst.While)):
+        return True
+    if isinstance(node, cst.If):
+        return all(any(n is t for n in walk(node.body)) for t in targets)
+    return False
+
+
+def _conditional_context(ctx, loop, gate, block, first, last, no_sync: str):
+    """(`nullcontext() if <update step> else m.no_sync()`, an import edit or None), or the
+    reason no fix is offered."""
+    steps = {id(s.stmt.line) for s in loop.steps}
+    for statement in block[first : last + 1]:
+        if id(statement) in steps or any(id(n) in steps for n in walk(statement)):
+            return "no fix: the optimizer step is inside the micro-step's block"
+        if gate.node is statement or any(n is gate.node for n in walk(statement)):
+            return "no fix: the step gate is inside the micro-step's block"
+    condition = _update_condition(ctx, loop, gate, block[first])
+    if condition is None:
+        return (
+            "no fix: the step condition cannot be evaluated before the forward (it reads a "
+            "counter that changes in between); wrap the micro-step by hand"
+        )
+    name, import_edit = _nullcontext(ctx)
+    no_sync = no_sync.replace("{nullcontext}", name)
+    test, update_when_true = condition
+    if update_when_true:
+        return f"{name}() if {test} else {no_sync}", import_edit
+    return f"{no_sync} if {test} else {name}()", import_edit
+
+
+def _update_condition(ctx, loop, gate, start):
+    """(test text, whether the update step is where it holds), readable before `start`."""
+    if gate.kind == "micro-loop":
+        index = dist._range_index(gate.node)
+        if index is None:
+            return None
+        return f"{index} == {_operand(gate.k)} - 1", True
+    test = gate.test
+    if test is None or not _plain(test):
+        return None
+    names = {n.value for n in walk(test) if isinstance(n, cst.Name)}
+    begin = _first_order(start, loop)
+    end = _first_order(gate.node, loop)
+    for name in names:
+        for d in loop.scope.defs.get(name, ()):
+            if begin <= d.stmt.order < end and any(f.node is loop.node for f in d.stmt.frames):
+                return None
+    text = code(test)
+    if isinstance(test, (cst.IfExp, cst.Lambda, cst.NamedExpr)):
+        text = f"({text})"
+    return text, gate.holds
+
+
+def _plain(test) -> bool:
+    """Side-effect free: names, numbers, arithmetic, comparisons and `len(...)` only."""
+    for node in walk(test):
+        if isinstance(node, cst.Call) and dotted(node.func) != "len":
+            return False
+        if isinstance(node, (cst.Await, cst.Yield, cst.NamedExpr, cst.Lambda)):
+            return False
+    return True
+
+
+def _first_order(node, loop) -> int:
+    orders = [
+        s.order for s in loop.scope.stmts if s.line is node or any(f.node is node for f in s.frames)
+    ]
+    return min(orders, default=0)
+
+
+def _operand(node) -> str:
+    text = code(node)
+    atoms = (cst.Name, cst.Attribute, cst.Integer, cst.Call, cst.Subscript)
+    return text if isinstance(node, atoms) or node.lpar else f"({text})"
+
+
+def _nullcontext(ctx):
+    """The spelling of `contextlib.nullcontext` in this module, and an import edit if none."""
+    aliases = ctx.model.imports.aliases
+    for local, full in aliases.items():
+        if full == "contextlib.nullcontext":
+            return local, None
+    for local, full in aliases.items():
+        if full == "contextlib":
+            return f"{local}.nullcontext", None
+    return "nullcontext", _import_edit(ctx)
+
+
+def _import_edit(ctx) -> Edit:
+    """`from contextlib import nullcontext` after the module's last top-level standard-library
+    import (where isort puts it), else above its first import."""
+    imports = [
+        statement
+        for statement in ctx.model.module.body
+        if isinstance(statement, cst.SimpleStatementLine)
+        and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body)
+    ]
+    stdlib = [s for s in imports if _stdlib(s.body[0])]
+    future = [s for s in imports if _module_of(s.body[0]) == "__future__"]
+    if stdlib or future:
+        line = ctx.span((stdlib or future)[-1])[1].line + 1
+    elif imports:
+        line = ctx.line_of(imports[0])
+    else:
+        line = 1
+    return Edit(Position(line, 0), Position(line, 0), "from contextlib import nullcontext\n")
+
+
+def _module_of(node) -> str:
+    if isinstance(node, cst.Import):
+        return dotted(node.names[0].name) or ""
+    return "" if node.relative or node.module is None else dotted(node.module) or ""
+
+
+def _stdlib(node) -> bool:
+    name = _module_of(node)
+    return name.split(".", 1)[0] in sys.stdlib_module_names and name != "__future__"
+
+
+def _rewritable(ctx, first, last) -> bool:
+    """Statements that start their own line and hold no multi-line string (re-indenting one
+    would change its value)."""
+    if ctx.lines[ctx.line_of(first) - 1][: ctx.span(first)[0].column].strip():
+        return False
+    for statement in (first, last):
+        for node in walk(statement):
+            if isinstance(node, (cst.SimpleString, cst.FormattedString)) and "\n" in code(node):
+                return False
+    return True
+
+
+def _wrap_lines(ctx, first, last, expr: str) -> Edit | None:
+    """Put the statements from `first` to `last` (same block) under `with <expr>:`."""
+    if not _rewritable(ctx, first, last):
+        return None
+    start, end = ctx.line_of(first), ctx.span(last)[1].line
+    indent = ctx.indentation(start)
+    body = _indented(ctx, start, end)
+    content = f"{indent}with {expr}:\n" + "\n".join(body)
+    return Edit(Position(start, 0), Position(end, len(ctx.lines[end - 1])), content)
+
+
+def _wrap_into_with(ctx, block, first, with_node, expr: str) -> Edit | None:
+    """Move the statements from `block[first]` up to `with_node` into its body, with the
+    header's context replaced by `expr` (comments on the header line are kept)."""
+    if not _rewritable(ctx, block[first], with_node) or not isinstance(
+        with_node.body, cst.IndentedBlock
+    ):
+        return None
+    start, header = ctx.line_of(block[first]), ctx.line_of(with_node)
+    body_first = ctx.line_of(with_node.body.body[0]) - len(with_node.body.body[0].leading_lines)
+    item_start, item_end = ctx.span(with_node.items[0].item)
+    if body_first != header + 1 or item_start.line != header or item_end.line != header:
+        return None  # a header spanning several lines
+    indent = ctx.indentation(start)
+    if ctx.indentation(header) != indent or ctx.indentation(body_first) != indent + ctx.indent_unit:
+        return None
+    text = ctx.lines[header - 1]
+    new_header = text[: item_start.column] + expr + text[item_end.column :]
+    end = ctx.span(with_node)[1].line
+    moved = _indented(ctx, start, header - 1)
+    lines = [new_header, *moved, *ctx.lines[body_first - 1 : end]]
+    return Edit(Position(start, 0), Position(end, len(ctx.lines[end - 1])), "\n".join(lines))
+
+
+def _indented(ctx, start: int, end: int) -> list[str]:
+    unit = ctx.indent_unit
+    return [(unit + text) if text.strip() else text for text in ctx.lines[start - 1 : end]]

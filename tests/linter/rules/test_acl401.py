@@ -1,0 +1,385 @@
+"""ACL401 ddp-missing-no-sync: DDP all-reduces on every micro-step of a manual window."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst
+
+from linter.analysis import analyze_source
+from linter.fixer import fix_text
+
+HEADER = """
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+model = DDP(net, device_ids=[rank])
+"""
+
+PLAIN = (
+    HEADER
+    + """for i, (x, y) in enumerate(dl):
+    loss = crit(model(x), y) / N
+    loss.backward()
+    if (i + 1) % N == 0:
+        opt.step(); opt.zero_grad()
+"""
+)
+
+PLAIN_FIXED = """
+from contextlib import nullcontext
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+model = DDP(net, device_ids=[rank])
+for i, (x, y) in enumerate(dl):
+    with nullcontext() if (i + 1) % N == 0 else model.no_sync():
+        loss = crit(model(x), y) / N
+        loss.backward()
+    if (i + 1) % N == 0:
+        opt.step(); opt.zero_grad()
+"""
+
+
+def test_plain_loop_is_flagged_at_the_forward_and_fixed_unsafely(acl401, at):
+    assert acl401.findings(PLAIN) == [("ACL401", *at(PLAIN, "model(x)"))]
+    (diagnostic,) = acl401.diagnostics(PLAIN)
+    assert diagnostic.fix.applicability == "unsafe"
+    assert acl401.fixed(PLAIN) == textwrap.dedent(PLAIN)  # safe mode leaves it alone
+    assert acl401.fixed(PLAIN, unsafe=True) == PLAIN_FIXED
+
+
+def test_existing_nullcontext_import_and_stdlib_placement(acl401):
+    imports = "import os\nfrom contextlib import nullcontext as nc\nimport torch\n"
+    source = PLAIN.replace("import torch\n", imports)
+    fixed = acl401.fixed(source, unsafe=True)
+    assert "    with nc() if (i + 1) % N == 0 else model.no_sync():\n" in fixed
+    assert fixed.count("import") == 4
+    source = PLAIN.replace("import torch\n", "import os\nimport torch\n")
+    fixed = acl401.fixed(source, unsafe=True)
+    assert fixed.startswith("\nimport os\nfrom contextlib import nullcontext\nimport torch\n")
+
+
+def test_torch_path_alias_and_trainer_class(acl401, at):
+    source = """
+    import torch
+
+    class Trainer:
+        def __init__(self, net, rank):
+            self.model = torch.nn.parallel.DistributedDataParallel(net, device_ids=[rank])
+
+        def train(self, dl):
+            for step, batch in enumerate(dl):
+                out = self.model(batch["x"])
+                loss = self.crit(out, batch["y"]) / self.accum
+                loss.backward()
+                if (step + 1) % self.accum == 0:
+                    self.opt.step()
+                    self.opt.zero_grad()
+    """
+    assert acl401.findings(source) == [("ACL401", *at(source, "self.model(batch"))]
+    expected = (
+        "            with nullcontext() if (step + 1) % self.accum == 0 "
+        "else self.model.no_sync():\n"
+        '                out = self.model(batch["x"])\n'
+        '                loss = self.crit(out, batch["y"]) / self.accum\n'
+        "                loss.backward()\n"
+        "            if (step + 1) % self.accum == 0:\n"
+    )
+    assert expected in acl401.fixed(source, unsafe=True)
+
+
+def test_model_wrapped_by_a_helper_and_passed_to_the_train_function(acl401, at):
+    source = """
+    from torch.nn.parallel import DistributedDataParallel as NativeDDP
+
+    def wrap(m, rank):
+        return NativeDDP(m, device_ids=[rank])
+
+    def train(model, loader, opt, accum):
+        for i, (x, y) in enumerate(loader):
+            scaler.scale(crit(model(x), y) / accum).backward()
+            if (i + 1) % accum == 0 or i + 1 == len(loader):
+                scaler.step(opt)
+                scaler.update()
+                opt.zero_grad()
+
+    def main():
+        model = wrap(net, rank)
+        train(model, loader, opt, 4)
+    """
+    assert acl401.findings(source) == [("ACL401", *at(source, "model(x)"))]
+    fixed = acl401.fixed(source, unsafe=True)
+    expected = (
+        "        with nullcontext() if (i + 1) % accum == 0 or i + 1 == len(loader) "
+        "else model.no_sync():\n"
+        "            scaler.scale(crit(model(x), y) / accum).backward()\n"
+    )
+    assert expected in fixed
+
+
+def test_while_loop_with_a_counter_is_reported_without_a_fix(acl401, at):
+    source = (
+        HEADER
+        + """micro = 0
+while True:
+    x, y = next(it)
+    loss = crit(model(x), y) / K
+    loss.backward()
+    micro += 1
+    if micro == K:
+        opt.step(); opt.zero_grad()
+        micro = 0
+"""
+    )
+    assert acl401.findings(source) == [("ACL401", *at(source, "model(x)"))]
+    (diagnostic,) = acl401.diagnostics(source)
+    assert diagnostic.fix is None
+    assert "counter that changes in between" in diagnostic.notes[0]
+
+
+def test_micro_step_loop_gets_a_last_micro_step_condition(acl401, at):
+    source = (
+        HEADER
+        + """while True:
+    for micro_step in range(grad_accum):
+        with ctx:
+            logits, loss = model(X, Y)
+            loss = loss / grad_accum
+        scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+"""
+    )
+    assert acl401.findings(source) == [("ACL401", *at(source, "model(X, Y)"))]
+    expected = (
+        "    for micro_step in range(grad_accum):\n"
+        "        with nullcontext() if micro_step == grad_accum - 1 else model.no_sync():\n"
+        "            with ctx:\n"
+        "                logits, loss = model(X, Y)\n"
+        "                loss = loss / grad_accum\n"
+        "            scaler.scale(loss).backward()\n"
+        "    scaler.step(optimizer)\n"
+    )
+    assert expected in acl401.fixed(source, unsafe=True)
+
+
+def test_no_sync_around_the_backward_only_is_flagged_at_the_context(acl401, at):
+    source = (
+        HEADER
+        + """for i, (x, y) in enumerate(dl):
+    loss = crit(model(x), y) / N
+    with model.no_sync():  # skip the all-reduce
+        loss.backward()
+    if (i + 1) % N == 0:
+        opt.step(); opt.zero_grad()
+"""
+    )
+    assert acl401.findings(source) == [("ACL401", *at(source, "model.no_sync()"))]
+    expected = (
+        "    with nullcontext() if (i + 1) % N == 0 else model.no_sync():  # skip the all-reduce\n"
+        "        loss = crit(model(x), y) / N\n"
+        "        loss.backward()\n"
+        "    if (i + 1) % N == 0:\n"
+    )
+    assert expected in acl401.fixed(source, unsafe=True)
+
+
+def test_accelerator_no_sync_around_the_backward_only(acl401, at):
+    source = """
+    from accelerate import Accelerator
+
+    accelerator = Accelerator()
+    model, opt, dl = accelerator.prepare(model, opt, dl)
+    for i, batch in enumerate(dl):
+        loss = model(**batch).loss / K
+        with accelerator.no_sync(model):
+            accelerator.backward(loss)
+        if (i + 1) % K == 0:
+            opt.step(); opt.zero_grad()
+    """
+    assert acl401.findings(source) == [("ACL401", *at(source, "accelerator.no_sync(model)"))]
+    assert "    with nullcontext() if (i + 1) % K == 0 else accelerator.no_sync(model):\n" + (
+        "        loss = model(**batch).loss / K\n"
+    ) in acl401.fixed(source, unsafe=True)
+
+
+def test_forward_inside_the_no_sync_block_is_not_flagged(acl401):
+    for context in (
+        "model.no_sync()",
+        "nullcontext() if (i + 1) % N == 0 else model.no_sync()",
+    ):
+        source = (
+            HEADER
+            + f"""for i, (x, y) in enumerate(dl):
+    with {context}:
+        loss = crit(model(x), y) / N
+        loss.backward()
+    if (i + 1) % N == 0:
+        opt.step(); opt.zero_grad()
+"""
+        )
+        assert acl401.findings(source) == []
+
+
+def test_conditional_no_sync_with_forward_in_a_nested_helper(acl401):
+    source = (
+        HEADER
+        + """for i, (x, y) in enumerate(dl):
+    need_update = (i + 1) % N == 0
+
+    def _forward():
+        return crit(model(x), y) / N
+
+    if not need_update:
+        with model.no_sync():
+            loss = _forward()
+            loss.backward()
+    else:
+        loss = _forward()
+        loss.backward()
+        opt.step(); opt.zero_grad()
+"""
+    )
+    assert acl401.findings(source) == []
+
+
+def test_exit_stack_and_sync_toggle_count_as_no_sync(acl401):
+    stack = (
+        HEADER
+        + """import contextlib
+for i, (x, y) in enumerate(dl):
+    with contextlib.ExitStack() as stack:
+        if (i + 1) % N != 0:
+            stack.enter_context(model.no_sync())
+        loss = crit(model(x), y) / N
+        loss.backward()
+    if (i + 1) % N == 0:
+        opt.step(); opt.zero_grad()
+"""
+    )
+    toggle = (
+        HEADER
+        + """for micro_step in range(K):
+    model.require_backward_grad_sync = micro_step == K - 1
+    loss = crit(model(x), y) / K
+    loss.backward()
+opt.step()
+"""
+    )
+    assert acl401.findings(stack) == []
+    assert acl401.findings(toggle) == []
+
+
+def test_accumulate_fsdp_deepspeed_and_sync_each_batch_are_not_flagged(acl401):
+    accumulate = """
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(gradient_accumulation_steps=4)
+    model = torch.nn.parallel.DistributedDataParallel(net)
+    model, opt, dl = accelerator.prepare(model, opt, dl)
+    for batch in dl:
+        with accelerator.accumulate(model):
+            accelerator.backward(model(**batch).loss)
+            opt.step(); opt.zero_grad()
+    """
+    fsdp = PLAIN.replace(
+        "from torch.nn.parallel import DistributedDataParallel as DDP",
+        "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP",
+    ).replace("DDP(net", "FSDP(net")
+    apex = PLAIN.replace("from torch.nn.parallel", "from apex.parallel")
+    each_batch = PLAIN + "plugin = GradientAccumulationPlugin(num_steps=N, sync_each_batch=True)\n"
+    deepspeed = """
+    import deepspeed
+
+    model_engine, opt, _, _ = deepspeed.initialize(model=net, config=cfg)
+    for i, (x, y) in enumerate(dl):
+        loss = crit(model_engine(x), y)
+        model_engine.backward(loss)
+        if (i + 1) % N == 0:
+            model_engine.step()
+    """
+    for source in (accumulate, fsdp, apex, each_batch, deepspeed):
+        assert acl401.findings(source) == []
+
+
+def test_loops_without_accumulation_are_not_flagged(acl401):
+    every_step = (
+        HEADER
+        + """for x, y in dl:
+    crit(model(x), y).backward()
+    opt.step(); opt.zero_grad()
+"""
+    )
+    assert acl401.findings(every_step) == []
+    assert acl401.findings(PLAIN.replace("% N", "% 1")) == []
+
+
+def test_two_ddp_models_are_reported_without_a_fix(acl401, at):
+    source = PLAIN.replace(
+        "model = DDP(net, device_ids=[rank])",
+        "model = DDP(net, device_ids=[rank])\nhead = DDP(h, device_ids=[rank])",
+    ).replace("crit(model(x), y)", "crit(head(model(x)), y)")
+    (diagnostic,) = acl401.diagnostics(source)
+    assert diagnostic.fix is None and "several DDP models" in diagnostic.notes[0]
+
+
+def _both(source: str, codes: list[str]) -> str:
+    analyse = lambda text: analyze_source(text, "snippet.py", codes)  # noqa: E731
+    outcome = fix_text(textwrap.dedent(source), analyse, True)
+    assert outcome.error is None
+    libcst.parse_module(outcome.text)
+    assert fix_text(outcome.text, analyse, True).text == outcome.text
+    return outcome.text
+
+
+def test_composes_with_acl301_in_one_fix_pass():
+    source = (
+        HEADER
+        + """for i, (x, y) in enumerate(dl):
+    loss = crit(model(x), y)
+    loss.backward()
+    if (i + 1) % N == 0:
+        opt.step(); opt.zero_grad()
+"""
+    )
+    codes = ["ACL301", "ACL401"]
+    assert {d.code for d in analyze_source(textwrap.dedent(source), "s.py", codes)} == set(codes)
+    fixed = _both(source, codes)
+    assert fixed.endswith(
+        "for i, (x, y) in enumerate(dl):\n"
+        "    with nullcontext() if (i + 1) % N == 0 else model.no_sync():\n"
+        "        loss = crit(model(x), y)\n"
+        "        loss = loss / N\n"
+        "        loss.backward()\n"
+        "    if (i + 1) % N == 0:\n"
+        "        opt.step(); opt.zero_grad()\n"
+    )
+    assert analyze_source(fixed, "s.py", codes) == []
+
+
+def test_model_wrapped_only_on_distributed_runs_keeps_single_process_runs_working(acl401):
+    source = """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = Net()
+    if distributed:
+        model = DDP(model, device_ids=[rank])
+    for i, (x, y) in enumerate(dl):
+        loss = crit(model(x), y) / N
+        loss.backward()
+        if (i + 1) % N == 0:
+            opt.step(); opt.zero_grad()
+    """
+    expected = (
+        "    with nullcontext() if (i + 1) % N == 0 "
+        'else getattr(model, "no_sync", nullcontext)():\n'
+        "        loss = crit(model(x), y) / N\n"
+    )
+    assert expected in acl401.fixed(source, unsafe=True)
+    inline = source.replace(
+        "if distributed:\n        model = DDP(model, device_ids=[rank])",
+        "model = DDP(model) if distributed else model",
+    )
+    assert 'getattr(model, "no_sync", nullcontext)()' in acl401.fixed(inline, unsafe=True)
