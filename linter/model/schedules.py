@@ -160,7 +160,9 @@ class _Lengths:
 
     def __init__(self, model: Model) -> None:
         self.model = model
-        self.known_k = {_short(e) for e in _known_ks(model)}
+        ks = _known_ks(model)
+        self.known_k = {_short(e) for e in ks if not isinstance(e, cst.Integer)}
+        self.literal_k = {code(e) for e in ks if isinstance(e, cst.Integer) and code(e) != "1"}
 
     def of(self, node, scope: Scope, order: int, stmt: Stmt, k=0, w=0, depth=0) -> list:
         if depth > _MAX_DEPTH:
@@ -252,6 +254,8 @@ class _Lengths:
         """The accumulation value: named so, or spelled like the engine's or a step gate's K
         (a name, an attribute or a subscript such as `config["grad_accum"]`, never a call that
         merely reads K among its arguments)."""
+        if isinstance(strip_parens(node), cst.Integer):  # `len(dl) // 4` beside `% 4`
+            return code(strip_parens(node)) in self.literal_k
         if not _named_value(node):
             return False
         short = _short(node)
@@ -297,7 +301,7 @@ def _short(node: cst.BaseExpression) -> str:
 def _known_ks(model: Model) -> list[cst.BaseExpression]:
     ks = [e.accum for e in model.setup.engines.values() if e.accum is not None]
     ks += [loop.gate.k for loop in model.loops if loop.gate is not None and loop.gate.k is not None]
-    return [k for k in ks if not isinstance(k, (cst.Integer, cst.Float))]
+    return [k for k in ks if not isinstance(k, cst.Float)]
 
 
 # engine options --------------------------------------------------------------------------

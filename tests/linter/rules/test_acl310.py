@@ -287,3 +287,20 @@ def test_scheduler_built_by_a_helper_from_the_prepared_loader(acl310, at):
 
 def test_scheduler_built_by_a_helper_from_the_unprepared_loader(acl310):
     assert acl310.findings(FACTORY.replace("PREPARE_LOADER", "pass")) == []
+
+
+def test_literal_k_divides_like_the_gate(acl310):
+    source = """
+    import torch
+
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=len(loader) // 4 * epochs)
+    for epoch in range(epochs):
+        for i, (x, y) in enumerate(loader):
+            (crit(model(x), y) / 4).backward()
+            if (i + 1) % 4 == 0 or i + 1 == len(loader):
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+    """
+    assert acl310.findings(source) == []
+    assert acl310.findings(source.replace("len(loader) // 4", "len(loader)")) != []
