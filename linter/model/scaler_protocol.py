@@ -242,6 +242,10 @@ def helper_calls(model: Model, body: Body) -> list[tuple[Stmt, set[str]]]:
     """(the calling statement, the site kinds the called function holds) for each call in the body
     of a module function or method of the same class (`self.optimizer_step()`), nested helpers
     included: a step or update there counts at the call."""
+    return model.memo(f"scaler_protocol.helpers.{id(body)}", lambda m: _helper_calls(m, body))
+
+
+def _helper_calls(model: Model, body: Body) -> list[tuple[Stmt, set[str]]]:
     found = []
     for call in body.scope.calls:
         if not body.contains(call.stmt):
