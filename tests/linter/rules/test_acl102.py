@@ -349,3 +349,29 @@ def test_step_of_a_module_class_that_steps_through_its_scaler_is_clean(acl102):
         amp_opt.step()
     """
     assert acl102.findings(source) == []
+
+
+def test_autograd_backward_of_a_scaled_loss(acl102, at):
+    source = """
+    import torch
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    grad_scaler = ShardedGradScaler()
+    for x, y in dl:
+        torch.autograd.backward(grad_scaler.scale(crit(model(x), y)))
+        opt.step()
+    """
+    assert acl102.findings(source) == [("ACL102", *at(source, "opt.step()"))]
+    assert "    grad_scaler.step(opt)\n    grad_scaler.update()\n" in acl102.fixed(source)
+
+
+def test_scaler_disabled_through_a_module_alias_is_clean(acl102):
+    source = """
+    import torch.cuda.amp as amp
+
+    gs = amp.GradScaler(enabled=False)
+    for x, y in dl:
+        gs.scale(crit(model(x), y)).backward()
+        opt.step()
+    """
+    assert acl102.findings(source) == []
