@@ -16,22 +16,32 @@ def check(ctx) -> None:
 
 
 def _report(ctx, bypass: protocol.Bypass) -> None:
-    model = ctx.model
-    site, scaler = bypass.site, bypass.scaled.scaler
-    optimizer = site.receiver
-    fix = None
-    if site.call is not None and not site.call.args and optimizer:
-        edits = [ctx.replace(site.call, f"{scaler}.step({optimizer})")]
-        message = f"Step through the scaler: `{scaler}.step({optimizer})`"
-        if not protocol.has_update(model, bypass.body, scaler):
-            anchor = protocol.update_anchor(model, bypass.body, scaler, site.stmt)
-            edits.append(insert_after(ctx, anchor, f"{scaler}.update()"))
-            message += f", then `{scaler}.update()`"
-        fix = make_fix(message, *edits)
+    scaler, optimizer = bypass.scaled.scaler, bypass.site.receiver
     ctx.report(
-        site.call,
+        bypass.site.call,
         f"`{optimizer}.step()` applies gradients that `{scaler}.scale(...)` multiplied by the loss "
         f"scale: the update is that many times too large and inf/NaN steps are not skipped (use "
         f"`{scaler}.step({optimizer})` and `{scaler}.update()`)",
-        fix,
+        _fix(ctx, bypass),
     )
+
+
+def _fix(ctx, bypass: protocol.Bypass):
+    """`opt.step()` -> `scaler.step(opt)`, plus the iteration's `update()` when the loop has none.
+    None for `opt.step(closure)` (the scaler takes no closure), and when another function updates
+    a scaler of that name: an inserted update would be followed by that one with no step between,
+    which torch rejects."""
+    model, site, scaler = ctx.model, bypass.site, bypass.scaled.scaler
+    optimizer = site.receiver
+    if site.call is None or site.call.args or not optimizer:
+        return None
+    needs_update = not protocol.has_update(model, bypass.body, scaler)
+    if needs_update and protocol.updated_in_other_scopes(model, bypass.body, scaler):
+        return None
+    edits = [ctx.replace(site.call, f"{scaler}.step({optimizer})")]
+    message = f"Step through the scaler: `{scaler}.step({optimizer})`"
+    if needs_update:
+        anchor = protocol.update_anchor(model, bypass.body, scaler, site.stmt)
+        edits.append(insert_after(ctx, anchor, f"{scaler}.update()"))
+        message += f", then `{scaler}.update()`"
+    return make_fix(message, *edits)

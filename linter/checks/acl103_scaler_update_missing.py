@@ -23,7 +23,7 @@ def _report(ctx, missing: protocol.MissingUpdate) -> None:
     message = f"Call `{scaler}.update()` after the step"
     if missing.partial:
         message += " on every iteration (instead of in the branch)"
-    fix = make_fix(message, *edits)
+    fix = None if missing.updated_elsewhere else make_fix(message, *edits)
     where = "on some iterations only" if missing.partial else "never"
     consequence = (
         "the next iteration's step raises `RuntimeError` (the optimizer stays `STEPPED`) and the "

@@ -431,6 +431,9 @@ class MissingUpdate:
     steps: list[Site]
     anchor: Stmt  # the update goes right after this statement
     partial: list[Stmt]  # updates that run on some of these iterations only (a logging branch)
+    # An update of a scaler of that name in another function (a caller updating once per epoch)
+    # would run again after the inserted one, which torch rejects: then there is no fix.
+    updated_elsewhere: bool = False
 
 
 def missing_updates(model: Model, body: Body) -> list[MissingUpdate]:
@@ -452,6 +455,7 @@ def missing_updates(model: Model, body: Body) -> list[MissingUpdate]:
         if group is None:
             partial = _partial_updates(model, body, site.receiver, anchor)
             group = groups[id(anchor)] = MissingUpdate(body, site.receiver, [], anchor, partial)
+            group.updated_elsewhere = updated_in_other_scopes(model, body, site.receiver)
         group.steps.append(site)
     return list(groups.values())
 
@@ -476,6 +480,17 @@ def _encloses(inner: Stmt, outer: Stmt) -> bool:
     """Whether every loop around `outer` is also around `inner` (not another loop's update)."""
     around = {id(node) for node in inner.loops()}
     return all(id(node) in around for node in outer.loops())
+
+
+def updated_in_other_scopes(model: Model, body: Body, scaler: str) -> bool:
+    """A scaler of that name updated in another function (a caller, once per epoch)."""
+    name = last_part(scaler)
+    return any(
+        s.kind == "scaler_update" and last_part(s.receiver) == name
+        for scope in model.scopes
+        if scope is not body.scope
+        for s in model.sites[id(scope)]
+    )
 
 
 def _updated_anywhere(model: Model, scaler: str) -> bool:

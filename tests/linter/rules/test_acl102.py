@@ -375,3 +375,20 @@ def test_scaler_disabled_through_a_module_alias_is_clean(acl102):
         opt.step()
     """
     assert acl102.findings(source) == []
+
+
+def test_caller_updating_the_scaler_leaves_no_fix(acl102, at):
+    source = """
+    def train_one_epoch(model, loader, opt, scaler):
+        for x, y in loader:
+            scaler.scale(crit(model(x), y)).backward()
+            opt.step()
+
+    def main():
+        for epoch in range(epochs):
+            train_one_epoch(model, loader, opt, scaler)
+            scaler.update()
+    """
+    (diagnostic,) = acl102.diagnostics(source)
+    assert (diagnostic.start.line, diagnostic.start.column) == at(source, "opt.step()")
+    assert diagnostic.fix is None

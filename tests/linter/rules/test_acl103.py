@@ -294,3 +294,23 @@ def test_update_under_a_second_if_with_the_same_test_is_clean(acl103):
             scaler.update()
     """
     assert acl103.findings(source) == []
+
+
+def test_caller_updating_once_per_epoch_leaves_no_fix(acl103, at):
+    """An update inserted per step would be followed by the caller's own `scaler.update()` with
+    no step in between, which torch rejects: reported, not fixed."""
+    source = """
+    def train_one_epoch(model, loader, opt, scaler):
+        for x, y in loader:
+            scaler.scale(crit(model(x), y)).backward()
+            scaler.step(opt)
+            opt.zero_grad()
+
+    def main():
+        for epoch in range(epochs):
+            train_one_epoch(model, loader, opt, scaler)
+            scaler.update()
+    """
+    (diagnostic,) = acl103.diagnostics(source)
+    assert (diagnostic.start.line, diagnostic.start.column) == at(source, "scaler.step(opt)")
+    assert diagnostic.fix is None
