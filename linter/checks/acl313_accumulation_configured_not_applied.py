@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from linter.context import RuleContext
-from linter.model import accumulation
+from linter.model import accumulation, k_reads
 from linter.model.cst_util import code
 
 # Reads that show K is applied somewhere (or may be, out of sight).
@@ -18,7 +18,7 @@ def check(ctx: RuleContext) -> None:
         return
     if any(c.accumulates is not False for c in accumulation.configurations(model).values()):
         return  # an engine accumulates (or its configuration is out of sight)
-    reads = accumulation.k_reads(model)
+    reads = k_reads.k_reads(model)
     if any(r.kind in _APPLIED for r in reads):
         return
     arithmetic = [r for r in reads if r.kind == "arithmetic"]

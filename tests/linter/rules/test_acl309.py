@@ -160,6 +160,20 @@ for epoch in range(3):
 # --- must not flag ------------------------------------------------------------------------
 
 
+def test_next_that_reads_a_parameter_is_no_batch_draw(acl309):
+    source = _src(
+        """
+for step in range(max_steps):
+    batch = batches[step]
+    with accelerator.accumulate(encoder):
+        device = next(encoder.parameters()).device
+        accelerator.backward(encoder(batch.to(device)).loss)
+        opt.step()
+"""
+    )
+    assert acl309.findings(source) == []
+
+
 def test_one_entry_with_every_model(acl309):
     source = _src(
         """
