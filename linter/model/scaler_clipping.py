@@ -65,9 +65,7 @@ def unscaled_clips(model: Model, body: Body) -> list[ScaledClip]:
     unscaling = [s.stmt for s in body.sites if s.kind in UNSCALING]
     unscaling += helper_stmts(model, body, *UNSCALING)
     found = []
-    for site in body.sites:
-        if not is_torch_clip(model, site):
-            continue
+    for site in _clips(model, body):
         before = [
             sb
             for sb in scaled
@@ -82,6 +80,24 @@ def unscaled_clips(model: Model, body: Body) -> list[ScaledClip]:
         if bare:
             found.append(ScaledClip(site, body, bare[-1]))
     return found
+
+
+def _clips(model: Model, body: Body) -> list[Site]:
+    """The body's torch clips, and its calls of module functions that clip with torch and do not
+    unscale (`self.clip_gradients()`): there the call is what clips."""
+    found = [s for s in body.sites if is_torch_clip(model, s)]
+    for call in body.scope.calls:
+        if not body.contains(call.stmt):
+            continue
+        callee = model.local_function(call.call.func, call.stmt.scope)
+        if callee is None or callee is body.scope:
+            continue
+        sites = model.sites[id(callee)]
+        if any(s.kind in (*UNSCALING, "backward", "engine_backward") for s in sites):
+            continue
+        if any(is_torch_clip(model, s) for s in sites):
+            found.append(Site("clip", call.call, call.stmt))
+    return sorted(found, key=lambda s: s.stmt.order)
 
 
 def _other_branch_steps(body: Body, stmt: Stmt, scaler: str) -> bool:

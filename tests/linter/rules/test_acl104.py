@@ -664,3 +664,72 @@ def test_unscale_under_another_spelling_of_the_amp_test_is_clean(acl104):
             scaler.update()
     """
     assert acl104.findings(source) == []
+
+
+def test_clip_in_a_method_the_loop_calls_is_reported_at_the_call(acl104, at):
+    source = """
+    import torch
+
+    class Trainer:
+        def clip_gradients(self):
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_norm)
+
+        def fit(self, loader):
+            for batch in loader:
+                self.scaler.scale(self.model(**batch).loss).backward()
+                self.clip_gradients()
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+    """
+    assert acl104.findings(source) == [("ACL104", *at(source, "self.clip_gradients()"))]
+    expected = (
+        "            self.scaler.unscale_(self.optimizer)\n            self.clip_gradients()\n"
+    )
+    assert expected in acl104.fixed(source)
+
+
+def test_clip_helper_that_unscales_first_is_clean(acl104):
+    source = """
+    import torch
+
+    def unscale_and_clip(scaler, opt, model):
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+
+    for x, y in dl:
+        scaler.scale(crit(model(x), y)).backward()
+        unscale_and_clip(scaler, opt, model)
+        scaler.step(opt)
+        scaler.update()
+    """
+    assert acl104.findings(source) == []
+
+
+def test_optimizer_wrapper_split_into_backward_and_step_methods_is_clean(acl104):
+    """An AMP optimizer wrapper whose `backward` scales and whose `step` unscales, clips, steps
+    and updates: each method is correct on its own."""
+    source = """
+    import torch
+
+    class AmpOptimWrapper:
+        def __init__(self, optimizer, max_norm):
+            self.optimizer = optimizer
+            self.max_norm = max_norm
+            self.loss_scaler = torch.amp.GradScaler("cuda")
+
+        def backward(self, loss):
+            self.loss_scaler.scale(loss).backward()
+
+        def step(self):
+            self.loss_scaler.unscale_(self.optimizer)
+            params = [p for g in self.optimizer.param_groups for p in g["params"]]
+            torch.nn.utils.clip_grad_norm_(params, self.max_norm)
+            self.loss_scaler.step(self.optimizer)
+            self.loss_scaler.update()
+
+    wrapper = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), 1.0)
+    for x, y in dl:
+        wrapper.backward(crit(model(x), y))
+        wrapper.step()
+    """
+    assert acl104.findings(source) == []
