@@ -40,6 +40,7 @@ _K_NAME = re.compile(
 )
 _NOT_K = re.compile(r"loss|count|counter|idx|index", re.I)
 _ENGINE_ATTR = "gradient_accumulation_steps"
+_ACCUMULATE_CALL = re.compile(r"\.accumulate\(")
 # Calls that keep the value of their argument (`int(args.accum)`).
 PASS_CALLS = {"int", "float", "max", "min", "round", "math.ceil", "math.floor", "ceil", "floor"}
 _LOADER_WRAPPERS = {"enumerate", "iter", "tqdm", "tqdm.tqdm", "tqdm.auto.tqdm", "zip"}
@@ -295,12 +296,29 @@ def _callers(model) -> dict[int, list[CallSite]]:
 def entered_accumulate(model, stmt: Stmt, depth: int = 0) -> bool:
     """Whether `stmt` runs inside an `accumulate()` block, in its own function or in a caller
     that calls its function from inside one."""
-    if model.regions_around(stmt, "accumulate"):
+    if model.regions_around(stmt, "accumulate") or _in_indirect_accumulate(stmt):
         return True
     if depth >= _MAX_DEPTH or not isinstance(stmt.scope.node, cst.FunctionDef):
         return False
     calls = callers(model).get(id(stmt.scope), [])
     return any(entered_accumulate(model, c.stmt, depth + 1) for c in calls)
+
+
+def _in_indirect_accumulate(stmt: Stmt) -> bool:
+    """`with ctx:` where `ctx = accelerator.accumulate(model)`, or `with accelerator.accumulate(
+    model) if accumulating else nullcontext():`: an entry the region finder does not name."""
+    for frame in stmt.frames:
+        if frame.kind != "with":
+            continue
+        for item in frame.node.items:
+            value = item.item
+            text = dotted(value)
+            if text is not None:
+                defs = stmt.scope.defs_before(text, stmt.order)
+                value = defs[-1].value if defs and defs[-1].op == "=" else None
+            if value is not None and _ACCUMULATE_CALL.search(code(value)):
+                return True
+    return False
 
 
 def enters_accumulate(model, scope: Scope) -> bool:

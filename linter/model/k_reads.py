@@ -146,7 +146,7 @@ def _kind(model, node, parents) -> str:
             return "engine" if _k_key_target(parent) else "alias"
         elif isinstance(parent, cst.AugAssign):
             return "arithmetic"
-        elif isinstance(parent, (cst.Return, cst.Yield, cst.Tuple, cst.List)):
+        elif isinstance(parent, (cst.Return, cst.Yield)):
             return "call"
         child = parent
     return "alias"

@@ -178,6 +178,27 @@ def test_loop_calls_a_step_helper_that_enters_accumulate(acl306):
     assert acl306.findings(source) == []
 
 
+def test_accumulate_entered_through_a_name_or_a_conditional(acl306):
+    named = """
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(gradient_accumulation_steps=4)
+    model, opt, dl = accelerator.prepare(model, opt, dl)
+    for batch in dl:
+        window = accelerator.accumulate(model)
+        with window:
+            accelerator.backward(model(**batch).loss)
+            opt.step()
+    """
+    assert acl306.findings(named) == []
+    conditional = named.replace(
+        "window = accelerator.accumulate(model)\n        with window:",
+        "with accelerator.accumulate(model) if accumulating else nullcontext():",
+    )
+    assert "if accumulating" in conditional
+    assert acl306.findings(conditional) == []
+
+
 def test_manual_gate_on_the_same_k(acl306):
     source = """
     from accelerate import Accelerator

@@ -58,6 +58,8 @@ def test_trainer_class_with_self_k(acl313, at):
                 self.opt.zero_grad()
     """
     assert acl313.findings(source) == [("ACL313", *at(source, "self.accum", 1))]
+    unpacked = source.replace("self.accum = accum", "self.accum, self.seed = accum, 0")
+    assert acl313.findings(unpacked) == [("ACL313", *at(unpacked, "self.accum", 1))]
 
 
 # --- must not flag ------------------------------------------------------------------------
