@@ -16,8 +16,10 @@ Flags `opt.step()` fed by a backward of `scaler.scale(loss)` (directly, through 
 it, or in `torch.autograd.backward`) in a loop, in a per-batch method of a trainer class, or in a
 scaler wrapper function (`__call__` of a timm-style class), when nothing in that loop steps that
 optimizer through the scaler (`scaler.step(opt)`, itself or in a function of the module it
-calls). Not flagged: prepared optimizers (Accelerate, the guard engine), scalers built with a
-literal `enabled=False`, an optimizer whose last backward before the step is unscaled, or one
+calls). A scaled backward inside a function of the module that the loop calls
+(`self.training_step(batch)`) counts. Not flagged: prepared optimizers (Accelerate, the guard
+engine), instances of a module class whose own `step()` goes through a scaler, scalers built with
+a literal `enabled=False`, an optimizer whose last backward before the step is unscaled, or one
 built from other models than the scaled loss comes from (a second, fp32 model).
 
 ## Why is this bad?
@@ -44,7 +46,8 @@ opt.zero_grad()
 Safe. `opt.step()` becomes `scaler.step(opt)`, and if the loop has no `scaler.update()`, one is
 inserted after the iteration's last `scaler.step(...)` (the same place ACL103 would put it, so
 both fixes together add one update). No fix for `opt.step(closure)`: the scaler does not support
-closures. This is exactly the step the scaler
+closures; none either when another function updates a scaler of that name (a caller, once per
+epoch), since a second update with no step in between raises. This is exactly the step the scaler
 protocol requires. Prepared optimizers are never flagged: they call the scaler themselves.
 
 ## At runtime

@@ -48,7 +48,8 @@ for x, y in dl:
 Safe. `scaler.update()` is inserted right after the last `scaler.step(...)` of each path that
 lacks it, which is the only order the scaler accepts. An update that ran on some iterations only
 (a logging branch, or once after the loop) is removed by the same fix, since a second update with
-no step in between raises; when removing it would leave an empty block, there is no fix. One
+no step in between raises; when removing it would leave an empty block, or when another function
+updates a scaler of that name (a caller, once per epoch), there is no fix. One
 `update()` after several `scaler.step(opt_i)` calls is the multi-optimizer pattern and is not
 flagged.
 

@@ -15,8 +15,11 @@ RULE = Rule(
 Flags `torch.nn.utils.clip_grad_norm_` / `clip_grad_value_` (under any import spelling) reached
 after `scaler.scale(...).backward()` on its path with no `scaler.unscale_(...)`,
 `accelerator.unscale_gradients()` or `scaler.step(...)` between them that runs whenever both do
-(an unscale only in a logging branch does not count), in loops, per-batch methods and scaler
-wrapper functions (a timm-style `__call__`). After an Accelerator's or guard engine's `backward`
+(an unscale only in a logging branch does not count; one under a test of the precision, such as
+`if scaler is not None:`, does), in loops, per-batch methods and scaler wrapper functions (a
+timm-style `__call__`). A scaled backward or a torch clip inside a function of the module that the
+loop calls counts at the call; a clip on the `else` side of the branch that steps through the
+scaler is the fp32 path and is not flagged. After an Accelerator's or guard engine's `backward`
 it flags torch's clip functions when the engine's precision is fp16 or not statically known, or
 when the file configures an FSDP plugin; not after `mixed_precision="no"` / `"bf16"` without FSDP
 (the guard engine's default is `"no"`), and not after the engine's own `clip_grad_norm_` or
