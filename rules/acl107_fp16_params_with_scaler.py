@@ -14,12 +14,15 @@ RULE = Rule(
     docs="""\
 ## What it does
 Flags `.half()`, `.to(torch.float16)`, `.to(dtype=torch.float16)` or `torch_dtype=torch.float16`
-on a model whose parameters reach an optimizer built in the same function (or `self.X` in the
-same class), in a module with a GradScaler that may be enabled or an fp16 Accelerator / guard
-engine; and fp16 or bf16 casts (`.bfloat16()`, `torch_dtype=torch.bfloat16`, ...) of such a
-model when gradients accumulate (an accumulation value other than the literal 1). Models frozen
-with `requires_grad_(False)` or a loop that turns `requires_grad` off, adapter wrappers
-(`get_peft_model`), `torch_dtype="auto"` and dtypes taken from a variable are left alone.
+on a model whose parameters reach a plain optimizer (torch, transformers, bitsandbytes or timm,
+or a name bound to one) built in the same function (or `self.X` in the same class), in a module
+with a GradScaler that may be enabled or an fp16 Accelerator / guard engine; and fp16 or bf16
+casts (`.bfloat16()`, `torch_dtype=torch.bfloat16`, ...) of such a model when gradients
+accumulate (an accumulation value other than the literal 1). The outermost cast of a chain
+counts (`.half().float()` is fp32). Models frozen with `requires_grad_(False)` or a loop that
+turns `requires_grad` off, adapter wrappers (`get_peft_model`), casts after the training loop
+(evaluation, export), optimizers that may keep fp32 master weights (apex, a project's own),
+`torch_dtype="auto"` and dtypes taken from a variable are left to the runtime check.
 
 ## Why is this bad?
 fp16 parameters get fp16 gradients, and `GradScaler.unscale_` rejects them

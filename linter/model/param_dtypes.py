@@ -6,7 +6,6 @@ wrapper). Read by ACL107; the dtype words are those of `linter.model.precision`.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import libcst as cst
@@ -30,8 +29,6 @@ _PARAMETER_METHODS = {"parameters", "named_parameters"}
 # Module methods that work in place and return the module (`model.to(d).half()`).
 _MODULE_METHODS = {"to", "half", "bfloat16", "float", "cuda", "cpu", "requires_grad_", "train"}
 _MAX_DEPTH = 3
-_MASTER_WEIGHT_PACKAGES = ("apex.",)
-_OPTIMIZER_CLASS = re.compile(r"optim|adam|sgd|lamb|lion|adafactor|prodigy|rmsprop|adagrad", re.I)
 _ADAPTERS = {"get_peft_model", "PeftModel.from_pretrained"}
 
 
@@ -70,6 +67,7 @@ def _build_param_casts(model) -> list[ParamCast]:
             if cast is None:
                 continue
             reaches = any(_sees(scope, user, target) for user in trained.get(target, ()))
+            reaches = reaches and not _after_training(model, stmt)
             found.append(ParamCast(target, cast[0], cast[1], stmt, reaches, target in frozen))
     return found
 
@@ -88,6 +86,15 @@ def _sees(cast_scope, optimizer_scope, name: str) -> bool:
             return True
         scope = scope.parent
     return False
+
+
+def _after_training(model, stmt: Stmt) -> bool:
+    """A cast outside any loop after every training loop of its function (`if do_predict:
+    model.half()` at the end of `main()`): for evaluation or export, not for training."""
+    if stmt.loops():
+        return False
+    ends = [s.stmt.order for loop in model.loops if loop.scope is stmt.scope for s in loop.sites]
+    return bool(ends) and stmt.order > max(ends)
 
 
 def _cast_chain(stmt: Stmt) -> tuple[str | None, list[cst.Call]]:
@@ -190,13 +197,12 @@ def _dotted_names(node: cst.CSTNode):
 
 
 def _is_optimizer_call(model, site) -> bool:
-    """An optimizer's construction, by its class (`torch.optim.AdamW`, `Adam8bit`,
-    `optimizer_class` bound to one). apex's fused optimizers keep fp32 master weights and take
-    the scaler themselves: left to the runtime check."""
+    """A plain optimizer's construction: a torch / transformers / bitsandbytes / timm class or
+    factory, or a name bound to one (`optimizer_class = torch.optim.AdamW`). A project's own or
+    a fused optimizer (apex's, NVIDIA's `FusedLAMBAMP`, `get_optimizer(model, args)`) may keep
+    fp32 master weights and take the scaler itself: it is left to the runtime check."""
     qual = model.imports.qualify(site.call.func) or ""
-    if qual.startswith(_MASTER_WEIGHT_PACKAGES):
-        return False
-    if _callee_kind(qual) == "optimizer" or _OPTIMIZER_CLASS.search(last_part(qual)):
+    if _callee_kind(qual) == "optimizer":
         return True
     values = [d.value for d in model.module_defs(dotted(site.call.func) or "") if d.value]
     return any(

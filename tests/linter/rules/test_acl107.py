@@ -260,3 +260,35 @@ def test_master_weight_optimizers_that_take_the_scaler_are_left_to_the_runtime(a
     )
     source = "from apex.contrib.optimizers import DistributedFusedLAMB\n" + source
     assert acl107.findings(source) == []
+
+
+def test_project_optimizers_with_their_own_master_weights_are_left_to_the_runtime(acl107):
+    """An optimizer the linter cannot see into (a project's fused LAMB, `build_optimizer(model,
+    cfg)`) may keep fp32 master weights and handle the scaler itself."""
+    for construction in ("FusedLambWithMasters(model.parameters())", "build_optimizer(model, cfg)"):
+        source = RAW.replace("torch.optim.SGD(model.parameters(), lr=1e-3)", construction)
+        source = "from myproject.optim import FusedLambWithMasters, build_optimizer\n" + source
+        assert acl107.findings(source) == [], construction
+
+
+def test_a_cast_after_the_training_loop_is_for_evaluation(acl107):
+    source = """
+    import torch
+
+    def main(args):
+        model = Net()
+        optimizer = torch.optim.AdamW(model.parameters())
+        scaler = torch.amp.GradScaler("cuda")
+        for x in dl:
+            with torch.autocast("cuda"):
+                loss = model(x).mean()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        if args.predict:
+            model.half()
+            evaluate(model)
+    """
+    assert acl107.findings(source) == []
+    before = source.replace("        for x in dl:", "        model.half()\n        for x in dl:")
+    assert acl107.findings(before) != []
