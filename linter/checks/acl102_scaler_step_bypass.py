@@ -5,6 +5,7 @@ from __future__ import annotations
 from linter.checks._scaler_edits import insert_after
 from linter.context import make_fix
 from linter.model import scaler_protocol as protocol
+from linter.model import scaler_updates
 
 
 def check(ctx) -> None:
@@ -35,13 +36,13 @@ def _fix(ctx, bypass: protocol.Bypass):
     optimizer = site.receiver
     if site.call is None or site.call.args or not optimizer:
         return None
-    needs_update = not protocol.has_update(model, bypass.body, scaler)
-    if needs_update and protocol.updated_in_other_scopes(model, bypass.body, scaler):
+    needs_update = not scaler_updates.has_update(model, bypass.body, scaler)
+    if needs_update and scaler_updates.updated_in_other_scopes(model, bypass.body, scaler):
         return None
     edits = [ctx.replace(site.call, f"{scaler}.step({optimizer})")]
     message = f"Step through the scaler: `{scaler}.step({optimizer})`"
     if needs_update:
-        anchor = protocol.update_anchor(model, bypass.body, scaler, site.stmt)
+        anchor = scaler_updates.update_anchor(model, bypass.body, scaler, site.stmt)
         edits.append(insert_after(ctx, anchor, f"{scaler}.update()"))
         message += f", then `{scaler}.update()`"
     return make_fix(message, *edits)

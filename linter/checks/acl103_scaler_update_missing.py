@@ -5,17 +5,18 @@ from __future__ import annotations
 from linter.checks._scaler_edits import delete, insert_after
 from linter.context import make_fix
 from linter.model import scaler_protocol as protocol
+from linter.model import scaler_updates
 
 
 def check(ctx) -> None:
     """Report, once per path, scaler steps that no update follows in every stepping iteration."""
     model = ctx.model
     for body in protocol.bodies(model):
-        for missing in protocol.missing_updates(model, body):
+        for missing in scaler_updates.missing_updates(model, body):
             _report(ctx, missing)
 
 
-def _report(ctx, missing: protocol.MissingUpdate) -> None:
+def _report(ctx, missing: scaler_updates.MissingUpdate) -> None:
     scaler = missing.scaler
     site = missing.steps[-1]
     edits = [insert_after(ctx, missing.anchor, f"{scaler}.update()")]
