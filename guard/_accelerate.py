@@ -71,24 +71,33 @@ def _register(tracker, accelerator, obj: Any) -> None:
         tracker.prepared_schedulers[obj.scheduler] = (accelerator, obj)
         tracker.establish("prepared")
     elif isinstance(obj, torch.nn.Module) and not _already_wrapped(obj):
-        _wrap_forward(tracker, accelerator, obj)
+        _wrap_forward(tracker, obj)
 
 
 def _already_wrapped(model: torch.nn.Module) -> bool:
     return hasattr(model.__dict__.get("forward"), "__guard_original__")
 
 
-def _wrap_forward(tracker, accelerator, model: torch.nn.Module) -> None:
-    forward = model.forward
-    acc_ref = weakref.ref(accelerator)
+class _AccelerateForward(_patch.TransparentWrapper):
+    """Marks the autocast region Accelerate's mixed-precision forward enters as Accelerate's
+    (ACL201 tells it from a user's region). Pickled and copied as Accelerate's own wrapper."""
 
-    @_patch.wraps_original(forward)
-    def guarded_forward(*args, **kwargs):
-        tracker.emit("forward_pre", accelerator=acc_ref(), model=model)
-        with tracker.autocast_origin("accelerate-forward"):
-            return forward(*args, **kwargs)
+    def __init__(self, tracker, forward) -> None:
+        super().__init__(forward)
+        self._tracker = tracker
 
-    _patch.patch(model, "forward", guarded_forward)
+    def __call__(self, *args, **kwargs):
+        if torch.compiler.is_compiling() or not self._tracker.active:
+            return self.__wrapped__(*args, **kwargs)
+        with self._tracker.autocast_origin("accelerate-forward"):
+            return self.__wrapped__(*args, **kwargs)
+
+
+def _wrap_forward(tracker, model: torch.nn.Module) -> None:
+    """Only a forward Accelerate itself replaced (mixed precision) is wrapped: without one the
+    model runs no autocast of Accelerate's, and the guard adds nothing to it."""
+    if "forward" in model.__dict__:
+        _patch.patch(model, "forward", _AccelerateForward(tracker, model.__dict__["forward"]))
 
 
 def _patch_owned_calls(tracker, cls) -> None:

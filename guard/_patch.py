@@ -55,3 +55,25 @@ def wraps_original(original: Callable) -> Callable[[Callable], Callable]:
         return wrapper
 
     return decorate
+
+
+class TransparentWrapper:
+    """Base of the callables the guard (and its engine) store on a user's object, such as a
+    model's instance `forward`: pickling, `torch.save` and `copy.deepcopy` see the wrapped
+    callable instead, so a checkpoint of the object neither fails on a guard function nor
+    needs the guard to load, and a copy carries nothing of the guard. `__wrapped__` lets
+    unwrappers (Accelerate's `unwrap_model`) walk through it."""
+
+    def __init__(self, wrapped: Callable) -> None:
+        self.__wrapped__ = wrapped
+        self.__guard_original__ = wrapped
+        for name in ("__name__", "__qualname__", "__doc__", "__module__"):
+            value = getattr(wrapped, name, None)
+            if value is not None:
+                try:
+                    setattr(self, name, value)
+                except (AttributeError, TypeError):
+                    pass
+
+    def __reduce_ex__(self, protocol: int):
+        return self.__wrapped__.__reduce_ex__(protocol)

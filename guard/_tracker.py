@@ -38,7 +38,6 @@ Events and payloads (states are `OptState` / `ScalerState` objects documented be
   model's forward) or "engine". `autocast_exit(frame)` after.
 - `prepare(accelerator, inputs, outputs)`: after `Accelerator.prepare`.
 - `accumulate_enter(accelerator, models)` / `accumulate_exit(accelerator, models)`.
-- `forward_pre(accelerator, model)`: a prepared model's forward, before Accelerate's autocast.
 - `accelerate_autocast(accelerator)`: `Accelerator.autocast()` is being entered.
 
 `OptState` (one per optimizer): `backwards` / `scaled_backwards` since the last step,
@@ -75,6 +74,7 @@ from typing import Any
 import torch
 
 from guard import _patch, _private, _report
+from guard._step_reads import StepReads
 
 WINDOW_HISTORY = 8
 
@@ -180,6 +180,7 @@ class Tracker:
         self.scaled = False  # an enabled GradScaler has scaled a tensor since install
         self._param_owner: dict[int, tuple[Any, OptState]] = {}
         self.states: list[OptState] = []  # the live optimizers' states, cheap to scan
+        self.reads = StepReads()  # the checks' device values, one host read per step
 
     # -- subscriptions -------------------------------------------------------------------------
 
@@ -416,6 +417,7 @@ class Tracker:
             if not self._is_real_optimizer(optimizer):
                 return  # a wrapper: its inner optimizer's own step is the one counted
             st = self.state(optimizer)
+        self.reads.flush_stale()
         self.emit(
             "optimizer_step_pre",
             optimizer=optimizer,
@@ -504,13 +506,12 @@ class Tracker:
                 return update(scaler, new_scale)
             sst = tracker.scaler_state(scaler)
             tracker.emit("update_pre", scaler=scaler, sstate=sst)
-            before = scaler.get_scale() if sst.stepped else None
+            before = _private.scaler_scale(scaler) if sst.stepped else None
+            before = before.clone() if before is not None else None  # update() writes in place
             found_inf = tracker._found_inf(scaler, sst)
             result = update(scaler, new_scale)
-            after = scaler.get_scale()
-            skipped = bool(found_inf) or (
-                before is not None and new_scale is None and after < before
-            )
+            found, before, after = tracker._read_update(scaler, found_inf, before)
+            skipped = bool(found) or (before is not None and new_scale is None and after < before)
             tracker._after_update(scaler, sst, skipped, before, after)
             return result
 
@@ -519,12 +520,26 @@ class Tracker:
         _patch.patch(cls, "update", update_)
 
     @staticmethod
-    def _found_inf(scaler: Any, sst: ScalerState) -> bool | None:
-        """The scaler's own skip record for the optimizers stepped since the last update."""
+    def _found_inf(scaler: Any, sst: ScalerState) -> torch.Tensor | None:
+        """The scaler's own skip record for the optimizers stepped since the last update (a
+        device tensor, > 0 when inf/NaN was found; no host read)."""
         optimizers = [o for o in (st.optimizer for st in sst.stepped) if o is not None]
         if not optimizers:
             return None
         return _private.scaler_found_inf(scaler, optimizers, "ACL603's found-inf check")
+
+    def _read_update(self, scaler: Any, found_inf, before) -> tuple[float, Any, float]:
+        """(found-inf, scale before, scale after) as numbers, from the step's one host read,
+        which also reads whatever the checks deferred this step. Without the private scale
+        tensor, `get_scale()` reads the scales instead."""
+        after = _private.scaler_scale(scaler)
+        if after is None:
+            before, after = None, scaler.get_scale()
+        tensors = [t for t in (found_inf, before, after) if isinstance(t, torch.Tensor)]
+        values = iter(v[0] for v in self.reads.read(tensors))
+        found = next(values) if found_inf is not None else 0.0
+        before = next(values) if before is not None else None
+        return found, before, next(values) if isinstance(after, torch.Tensor) else after
 
     def _after_update(self, scaler, sst: ScalerState, skipped: bool, before, after) -> None:
         sst.updates += 1

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from guard import distributed
+from guard import _patch, distributed
 from guard._tracker import TRACKER
 
 if TYPE_CHECKING:
@@ -53,6 +53,26 @@ def to_device(value: Any, device: torch.device) -> Any:
     return value
 
 
+class _AutocastForward(_patch.TransparentWrapper):
+    """The engine's forward: autocast around the model's own, fp32 outputs (reference
+    semantics 8). A checkpoint (`torch.save(model)`, pickle, deepcopy) holds the model's own
+    forward: it loads without the guard, as the plain model."""
+
+    def __init__(self, forward: Any, device_type: str, dtype: torch.dtype) -> None:
+        super().__init__(forward)
+        self._device_type, self._dtype = device_type, dtype
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        autocast = torch.autocast(self._device_type, dtype=self._dtype)
+        if TRACKER.active and not torch.compiler.is_compiling():
+            with TRACKER.autocast_origin("engine"), autocast:  # the guard's checks see the engine
+                outputs = self.__wrapped__(*args, **kwargs)
+        else:
+            with autocast:
+                outputs = self.__wrapped__(*args, **kwargs)
+        return to_fp32(outputs)
+
+
 def wrap_forward(model: torch.nn.Module, device_type: str, dtype: torch.dtype) -> None:
     """Run `model.forward` under autocast and return fp32 outputs (reference semantics 8).
 
@@ -60,18 +80,8 @@ def wrap_forward(model: torch.nn.Module, device_type: str, dtype: torch.dtype) -
     stays reachable as `model._original_forward`, as with Accelerate.
     """
     original = model.forward
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        if TRACKER.active:  # the guard's autocast checks attribute this region to the engine
-            with TRACKER.autocast_origin("engine"), torch.autocast(device_type, dtype=dtype):
-                outputs = original(*args, **kwargs)
-        else:
-            with torch.autocast(device_type, dtype=dtype):
-                outputs = original(*args, **kwargs)
-        return to_fp32(outputs)
-
     model._original_forward = original  # type: ignore[attr-defined]
-    model.forward = forward  # type: ignore[method-assign]
+    model.forward = _AutocastForward(original, device_type, dtype)  # type: ignore[method-assign]
 
 
 class PreparedOptimizer(torch.optim.Optimizer):

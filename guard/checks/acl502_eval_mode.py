@@ -1,16 +1,24 @@
 """ACL502: evaluation that builds autograd graphs, and training steps taken in eval mode.
 
-`model.eval()` on a model (not a single layer such as a BatchNorm frozen on purpose) is tracked
-until `model.train()`. If an optimizer had already trained that model before `eval()`, a later
-step of it with gradients through the still-evaluating model is training with dropout off and
-BatchNorm frozen: an error, raised before the step (test-time adaptation, which adapts a model
-in eval mode from the start, is left alone). Forwards of such a model with gradients enabled
-whose outputs record a graph (a frozen module's do not) are counted: several before one
-backward (or before `model.train()`), with no backward using them, were evaluation without
-`torch.no_grad()` (a warning; one forward per backward, as in test-time adaptation, is fine).
+`model.eval()` on a model (not a single layer such as a BatchNorm frozen on purpose) with
+trainable parameters is tracked until `model.train()`. If an optimizer had already trained that
+model before `eval()`, a later step of it with gradients through the still-evaluating model is
+training with dropout off and BatchNorm frozen: an error, raised before the step (test-time
+adaptation, which adapts a model in eval mode from the start, is left alone). Forwards of such a
+model with gradients enabled whose outputs record a graph (a frozen module's do not) are
+counted: several before one backward (or before `model.train()`), with no backward using them,
+were evaluation without `torch.no_grad()` (a warning; one forward per backward, as in test-time
+adaptation, is fine).
+
+Nothing is attached to the model: the forwards are counted by one process-wide forward hook
+that exists only while a tracked model is in eval mode. A hook on the model itself would be
+pickled with it, and `torch.save(model)` of a checkpoint after evaluation (PyTorch's
+word-language-model example) would fail on the guard's function, or carry it into the file.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -21,34 +29,80 @@ from guard.checks._common import records_graph, report
 CODES = ("ACL502",)
 
 
+class _EvalForwards:
+    """The models in eval mode (by id, weakly: an evaluated model may be dropped) and the
+    process-wide forward hook that counts their graph-recording forwards."""
+
+    def __init__(self, tracker) -> None:
+        self.tracker = tracker
+        self.in_eval: dict[int, tuple] = {}  # id(module) -> (weakref, optimizer states it had)
+        self.forwards = 0
+        self.module_name = ""
+        self.hook = None
+
+    def add(self, module) -> None:
+        trained = [st for st in self.tracker.owners(list(module.parameters())) if st.steps]
+        self.in_eval[id(module)] = (weakref.ref(module, self._collected(id(module))), trained)
+        if self.hook is None:
+            register = torch.nn.modules.module.register_module_forward_hook
+            self.hook = register(self._after_forward)
+        self.tracker.establish("eval")
+
+    def _collected(self, key: int):
+        def drop(_ref) -> None:
+            self.in_eval.pop(key, None)
+            self._drop_hook_if_idle()
+
+        return drop
+
+    def discard(self, module) -> bool:
+        """Stop tracking `module`; True when it was tracked."""
+        found = self.in_eval.pop(id(module), None) is not None
+        self._drop_hook_if_idle()
+        return found
+
+    def _drop_hook_if_idle(self) -> None:
+        if not self.in_eval and self.hook is not None:
+            self.hook.remove()
+            self.hook = None
+
+    def remove(self) -> None:
+        """Forget every tracked model and drop the hook (`guard.uninstall()`)."""
+        self.in_eval.clear()
+        self._drop_hook_if_idle()
+
+    def _after_forward(self, module, _inputs, output) -> None:
+        if id(module) not in self.in_eval or torch.compiler.is_compiling():
+            return
+        if not module.training and torch.is_grad_enabled() and records_graph(output):
+            self.forwards += 1
+            self.module_name = type(module).__name__
+
+    def tracked(self):
+        """(module, optimizer states that had trained it) for each live tracked module."""
+        for ref, trained in list(self.in_eval.values()):
+            module = ref()
+            if module is not None:
+                yield module, trained
+
+
 def install(tracker) -> None:
     _sources.ensure(tracker, "train_mode")
-    in_eval: dict[int, tuple] = {}  # id(module) -> (module, hook handle, optimizers it had)
-    graphs = {"forwards": 0, "module": None}
-
-    def count_forward(module, _inputs, output) -> None:
-        if not module.training and torch.is_grad_enabled() and records_graph(output):
-            graphs["forwards"] += 1
-            graphs["module"] = type(module).__name__
+    evals = _patch.track(_EvalForwards(tracker))  # `guard.uninstall()` calls its remove()
 
     def mode_changed(module, mode, **_) -> None:
-        if not mode and next(module.children(), None) is not None:
-            if id(module) not in in_eval:
-                handle = _patch.track(module.register_forward_hook(count_forward))
-                trained = [st for st in tracker.owners(list(module.parameters())) if st.steps]
-                in_eval[id(module)] = (module, handle, trained)
-                tracker.establish("eval")
-        elif mode and id(module) in in_eval:
-            _module, handle, _trained = in_eval.pop(id(module))
-            handle.remove()
-            _report_eval_graphs(graphs, "model.train()")
+        if not mode:
+            if id(module) not in evals.in_eval and _is_trainable_model(module):
+                evals.add(module)
+        elif evals.discard(module):
+            _report_eval_graphs(evals, "model.train()")
 
     def after_backward(**_) -> None:
-        if graphs["forwards"]:  # cheap test first: this runs on every micro-step
-            _report_eval_graphs(graphs, "this backward", keep=1)
+        if evals.forwards:  # cheap test first: this runs on every micro-step
+            _report_eval_graphs(evals, "this backward", keep=1)
 
     def before_step(optimizer, state, **_) -> None:
-        for module, _handle, trained in list(in_eval.values()):
+        for module, trained in evals.tracked():
             if state in trained and not module.training and _trained_by(module, optimizer):
                 _report_eval_step(module, state)
                 return
@@ -58,18 +112,26 @@ def install(tracker) -> None:
     tracker.subscribe("optimizer_step_pre", before_step, when="eval")
 
 
+def _is_trainable_model(module) -> bool:
+    """A model (it has children) with a trainable parameter: a frozen teacher or VAE kept in
+    eval mode records no graph through its weights, so it is not worth a hook on every module."""
+    if next(module.children(), None) is None:
+        return False
+    return any(p.requires_grad for p in module.parameters())
+
+
 def _trained_by(module, optimizer) -> bool:
     owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
     return any(p.grad is not None and id(p) in owned for p in module.parameters())
 
 
-def _report_eval_graphs(graphs: dict, until: str, keep: int = 0) -> None:
+def _report_eval_graphs(evals: _EvalForwards, until: str, keep: int = 0) -> None:
     """`keep` forwards may legitimately feed the backward that ends the count."""
-    forwards, graphs["forwards"] = graphs["forwards"], 0
+    forwards, evals.forwards = evals.forwards, 0
     if forwards > keep:
         report(
             "ACL502",
-            f"{forwards - keep} forward(s) of {graphs['module']} in eval mode recorded autograd "
+            f"{forwards - keep} forward(s) of {evals.module_name} in eval mode recorded autograd "
             f"graphs that no backward used before {until}: evaluation ran with gradients "
             "enabled (time and memory wasted); wrap it in torch.no_grad() or "
             "torch.inference_mode()",
