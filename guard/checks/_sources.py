@@ -9,6 +9,9 @@ once per installation. Events (payloads as keyword arguments):
   iterator. There is no event per batch: `LOADERS` counts them (see `LoaderProgress`).
 - `loader_end(iterator)`: that iterator is exhausted (its pass over the loader ended).
 - `sampler_iter(sampler)`: a `DistributedSampler` starts a pass.
+- `sampler_end(sampler, epoch)`: that pass handed out all its indices; `epoch` is the one its
+  order was drawn with. A pass abandoned early (a peek such as `next(iter(loader))`) never
+  ends, so it is not judged as an epoch.
 - `ddp_created(module)`: a `DistributedDataParallel` wrapper was built.
 - `ddp_forward(module, sync)`: a DDP forward with gradients enabled; `sync` is the wrapper's
   `require_backward_grad_sync` (False under `no_sync()`), read when DDP reads it.
@@ -135,9 +138,18 @@ def _sampler(tracker) -> None:
     @_patch.wraps_original(original)
     def __iter__(sampler):
         tracker.emit("sampler_iter", sampler=sampler)
-        return original(sampler)
+        indices = original(sampler)
+        if not tracker.wants("sampler_end"):
+            return indices
+        return _until_end(tracker, sampler, getattr(sampler, "epoch", None), indices)
 
     _patch.patch(DistributedSampler, "__iter__", __iter__)
+
+
+def _until_end(tracker, sampler, epoch, indices):
+    """The pass's indices, then `sampler_end` once they are all handed out."""
+    yield from indices
+    tracker.emit("sampler_end", sampler=sampler, epoch=epoch)
 
 
 def _ddp(tracker) -> None:

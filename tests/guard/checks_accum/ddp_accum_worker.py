@@ -71,6 +71,54 @@ def sampler_epochs(guard, set_epoch: bool) -> list:
     return [(f.code, f.level) for f in guard.findings()]
 
 
+def multigpu_trainer(guard, set_epoch: bool) -> list:
+    """PyTorch's DDP example (`multigpu.py`): each epoch peeks one batch to print the batch
+    size, then calls `set_epoch`, then loops. The peek is a pass the sampler never finishes."""
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+
+    guard.reset()
+    data = TensorDataset(torch.randn(32, 8), torch.randn(32, 1))
+    train_data = DataLoader(data, batch_size=4, sampler=DistributedSampler(data, shuffle=True))
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for epoch in range(3):
+        b_sz = len(next(iter(train_data))[0])
+        assert b_sz == 4
+        if set_epoch:
+            train_data.sampler.set_epoch(epoch)
+        for source, targets in train_data:
+            optimizer.zero_grad()
+            nn.functional.mse_loss(model(source), targets).backward()
+            optimizer.step()
+    return [(f.code, f.level) for f in guard.findings()]
+
+
+def ddp_copies(guard) -> dict:
+    """A trained DDP model under the guard survives deepcopy, a whole-model `torch.save` and a
+    `state_dict()` round trip: each copy computes what the original computes."""
+    import copy
+    import io
+
+    guard.reset()
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(4, 8), torch.randn(4, 1)
+    nn.functional.mse_loss(model(x), y).backward()
+    optimizer.step()
+    with torch.no_grad():
+        expected = model(x)
+        copied = copy.deepcopy(model)
+        buffer = io.BytesIO()
+        torch.save(model, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer, weights_only=False)
+        fresh = _model()
+        fresh.load_state_dict(model.state_dict())
+        same = [torch.equal(expected, other(x)) for other in (copied, loaded, fresh)]
+    return {"same": same, "findings": [f.code for f in guard.findings()]}
+
+
 def run(rank: int, world: int, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -85,6 +133,9 @@ def run(rank: int, world: int, port: int) -> None:
         "no_sync_used": accumulate(rank, guard, use_no_sync=True),
         "same_epoch": sampler_epochs(guard, set_epoch=False),
         "set_epoch": sampler_epochs(guard, set_epoch=True),
+        "multigpu_peek": multigpu_trainer(guard, set_epoch=True),
+        "multigpu_peek_no_set_epoch": multigpu_trainer(guard, set_epoch=False),
+        "ddp_copies": ddp_copies(guard),
     }
     # One file per rank: two ranks printing to one pipe can interleave their lines.
     out = os.path.join(os.environ["ACCEL_DDP_RESULTS"], f"rank{rank}.json")

@@ -41,3 +41,15 @@ def test_acl404_same_epoch_twice_warns_and_set_epoch_is_clean(ranks):
     for rank in ranks:
         assert rank["same_epoch"] == [["ACL404", "warning"]]
         assert rank["set_epoch"] == []
+
+
+def test_acl404_silent_for_the_ddp_example_peek_before_set_epoch(ranks):
+    """`next(iter(loader))` before `set_epoch` starts a pass that never ends: not an epoch."""
+    for rank in ranks:
+        assert rank["multigpu_peek"] == []
+        assert rank["multigpu_peek_no_set_epoch"] == [["ACL404", "warning"]]
+
+
+def test_ddp_model_under_the_guard_survives_deepcopy_save_and_state_dict(ranks):
+    for rank in ranks:
+        assert rank["ddp_copies"] == {"same": [True, True, True], "findings": []}
