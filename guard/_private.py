@@ -60,9 +60,9 @@ def scaler_stage(scaler: Any, optimizer: Any, needed_by: str) -> str | None:
     return getattr(stage, "name", None)
 
 
-def scaler_found_inf(scaler: Any, optimizers: list, needed_by: str) -> bool | None:
-    """Whether `scaler.step` found inf/NaN for any of `optimizers` (read before `update()` clears
-    the record; one host read); None if unknown or nothing was recorded."""
+def scaler_found_inf(scaler: Any, optimizers: list, needed_by: str) -> Any:
+    """A device tensor, > 0 when `scaler.step` found inf/NaN for any of `optimizers` (take it
+    before `update()` clears the record; no host read); None if unknown or nothing recorded."""
     if not available("scaler_stage", needed_by):
         return None
     values = []
@@ -75,7 +75,17 @@ def scaler_found_inf(scaler: Any, optimizers: list, needed_by: str) -> bool | No
         return None
     import torch
 
-    return bool(torch.cat([v.to(values[0].device) for v in values]).sum() > 0)
+    return torch.cat([v.to(values[0].device) for v in values]).sum()
+
+
+def scaler_scale(scaler: Any) -> Any:
+    """The scaler's scale as its device tensor (no host read), None when it has none yet or this
+    torch has no `_scale` (callers then read `get_scale()`)."""
+    if not FEATURES:
+        probe()
+    if not FEATURES.get("scaler_scale", False):
+        return None
+    return getattr(scaler, "_scale", None)
 
 
 def scaler_scale_missing(scaler: Any, needed_by: str) -> bool | None:

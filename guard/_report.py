@@ -7,11 +7,13 @@ accelerate), so a message points at the training script rather than at the guard
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import sys
 import threading
 import warnings
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -96,6 +98,7 @@ class _State:
     settings: _Settings = field(default_factory=_Settings)
     findings: dict[tuple[str, str | None], Finding] = field(default_factory=dict)
     step: int = 0
+    location: str | None = None  # set by `at_step` while deferred values are judged
 
 
 _state = _State()
@@ -173,6 +176,22 @@ def set_step(step: int) -> None:
     _state.step = step
 
 
+def current_step() -> int:
+    return _state.step
+
+
+@contextlib.contextmanager
+def at_step(step: int, location: str | None = None) -> Iterator[None]:
+    """Findings reported inside name `step` and, by default, `location`: a value read later
+    than it was taken names the step and the user's line it was taken at."""
+    saved = _state.step, _state.location
+    _state.step, _state.location = step, location
+    try:
+        yield
+    finally:
+        _state.step, _state.location = saved
+
+
 def user_frame() -> Any:
     """The innermost frame that belongs to the user's code (None if there is none)."""
     frame = sys._getframe(1)
@@ -191,7 +210,7 @@ def report(code: str, message: str, level: Level = "error", location: str | None
     """Report one finding. Raises `GuardError` for errors in raise mode."""
     if not enabled(code):
         return
-    location = location or user_location()
+    location = location or _state.location or user_location()
     key = (code, location)
     with _lock:
         seen = _state.findings.get(key)

@@ -37,15 +37,15 @@ def root_factor(loss: Any, scaled: bool = False) -> float | None:
         sign = _FACTOR_NODES.get(type(node).__name__) if node is not None else None
         if sign is None:
             return factor
+        skip = scaled and index == 0  # S lives on the device: reading it would be a host sync
         try:
-            other = _scalar(node._saved_other)
+            other = 1.0 if skip else _scalar(node._saved_other)
             inputs = [fn for fn, _ in node.next_functions if fn is not None]
         except (AttributeError, RuntimeError):  # attribute missing, or graph already freed
             return None
         if other is None or other == 0 or len(inputs) != 1:
             return factor  # a tensor-by-tensor product: not a constant factor
-        if not (scaled and index == 0):
-            factor *= other if sign > 0 else 1.0 / other
+        factor *= other if sign > 0 else 1.0 / other
         node = inputs[0]
     return factor
 

@@ -78,8 +78,8 @@ def install(tracker) -> None:
         complete = bool(counts) and len(counts) == state.backwards
         if _across_ranks(state, optimizer, ddp_modules):
             judge(gathered_rows(counts if complete else None), distributed.world_size())
-        elif complete and len(counts) >= 2:
-            judge([local_row(counts)], 1)
+        elif complete and len(counts) >= 2:  # judged at the step's one host read
+            tracker.reads.defer(counts, lambda values: judge([_row_of(values)], 1))
 
     tracker.subscribe("backward_pre", before_backward)
     tracker.subscribe("backward", after_backward)
@@ -122,6 +122,12 @@ def _row(counts: list) -> torch.Tensor:
 def local_row(counts: list) -> list[float]:
     """`_row` for one process from one kernel and one host read (`_row` runs eight kernels)."""
     tokens = torch.stack([torch.as_tensor(c) for c in counts]).tolist()
+    return [1.0, float(len(tokens)), sum(tokens), min(tokens), max(tokens)]
+
+
+def _row_of(values: list[list[float]]) -> list[float]:
+    """`local_row` from token counts already read (`StepReads` values)."""
+    tokens = [row[0] for row in values]
     return [1.0, float(len(tokens)), sum(tokens), min(tokens), max(tokens)]
 
 

@@ -49,8 +49,8 @@ def install(tracker) -> None:
     tracker.subscribe("scale", _after_scale)
     tracker.subscribe("backward", _after_backward)
     tracker.subscribe("clip_done", _after_clip)
-    tracker.subscribe("scaler_step_pre", _before_scaler_step)
-    tracker.subscribe("optimizer_step_pre", _before_step)
+    tracker.subscribe("scaler_step_pre", lambda **kw: _before_scaler_step(tracker.reads, **kw))
+    tracker.subscribe("optimizer_step_pre", lambda **kw: _before_step(tracker.reads, **kw))
     tracker.subscribe("zero_grad", _after_zero_grad)
     tracker.subscribe("update", lambda scaler, **_: _UNCONSUMED.pop(scaler, None))
 
@@ -98,24 +98,8 @@ def _after_backward(tensors, scaled_by, states, **_) -> None:
             st.extra.setdefault(_RAW_LOSSES, []).extend(raw)
 
 
-def _all_finite(losses: list[torch.Tensor] | None) -> torch.Tensor | None:
-    """One device-side bool for every loss of the window (three kernels per step, no host sync)."""
-    if not losses:
-        return None
-    return torch.isfinite(torch.cat([loss.reshape(-1).float() for loss in losses])).all()
-
-
-def _all_scalars_finite(norm, losses) -> bool:
-    """The usual step, cheaply: the norm and the 0-dim losses in one stack and one host read
-    (instead of the five kernels of `_all_finite` and `_problem`). False means "not known
-    finite": the full path then decides and words the finding."""
-    values = ([] if norm is None else [norm]) + (losses or [])
-    if not values or any(v.dim() for v in values):
-        return False
-    try:
-        return all(map(math.isfinite, torch.stack(values).tolist()))
-    except RuntimeError:  # e.g. losses on another device than the norm
-        return False
+def _all_finite(values: list[list[float]]) -> bool:
+    return all(math.isfinite(v) for row in values for v in row)
 
 
 def _after_clip(kind, states, result, **_) -> None:
@@ -131,33 +115,41 @@ def _after_zero_grad(states, **_) -> None:
             st.extra.pop(key, None)
 
 
-def _before_scaler_step(state, **_) -> None:
+def _before_scaler_step(reads, state, **_) -> None:
+    """The NaN-loss flags join the step's one host read (the tracker's at `update()`): the
+    scaler skips such a step anyway, so the warning may wait until then."""
     flags = state.extra.pop(_LOSSES, [])
     state.extra.pop(_NORM, None)
     state.extra.pop(_RAW_LOSSES, None)
-    if flags and not bool(torch.stack(flags).all()):
-        bad = sum(1 for f in flags if not bool(f))
+    if flags:
+        reads.defer(flags, _report_nan_losses)
+
+
+def _report_nan_losses(values: list[list[float]]) -> None:
+    bad = sum(1 for (flag,) in values if not flag)
+    if bad:
         report(
             "ACL601",
-            f"{bad} of {len(flags)} loss(es) since the last step were NaN before loss scaling: "
+            f"{bad} of {len(values)} loss(es) since the last step were NaN before loss scaling: "
             "that is a bug in the loss, not an fp16 overflow (the scaler will skip the step); "
             + _find_the_source(),
             "warning",
         )
 
 
-def _before_step(optimizer, state, in_scaler_step, **_) -> None:
+def _before_step(reads, optimizer, state, in_scaler_step, **_) -> None:
+    """The one host read that must come before the step (its policies act before any weight
+    changes): the gradient norm and the window's losses, with whatever the checks deferred."""
     losses = state.extra.pop(_RAW_LOSSES, None)
     if in_scaler_step or state.scaled_pending:
         return  # the scaler's inf check runs (or ACL102 reports the bypass)
     norm = state.extra.pop(_NORM, None)
     if norm is None:
         norm = grad_norm(optimizer)
-    if _all_scalars_finite(norm, losses):
+    values = reads.read(([] if norm is None else [norm]) + (losses or []))
+    if _all_finite(values):
         return
-    what = _problem(norm, _all_finite(losses))
-    if what is None:
-        return
+    what = _problem(values[0][0] if norm is not None else None, values[norm is not None :])
     if _report.option("nonfinite_policy", OPTIONS["nonfinite_policy"]) == "skip":
         _clear_gradients(optimizer)
         report(
@@ -203,18 +195,13 @@ class _AnomalyModeOff:
         torch.autograd.set_detect_anomaly(False)
 
 
-def _problem(norm, loss_finite) -> str | None:
-    """What is non-finite, from one host read of the combined flags; None when all is finite."""
-    flags = [
-        f for f in (None if norm is None else torch.isfinite(norm), loss_finite) if f is not None
-    ]
-    if not flags or bool(flags[0] if len(flags) == 1 else flags[0] & flags[1]):
-        return None
-    grads = "" if norm is None else f"the total gradient norm is {float(norm)}"
-    if loss_finite is None or bool(loss_finite):
+def _problem(norm: float | None, losses: list[list[float]]) -> str:
+    """What is non-finite, worded from the values already read."""
+    grads = "" if norm is None else f"the total gradient norm is {norm}"
+    if _all_finite(losses):
         return f"{grads} (a non-finite loss or gradient)"
     loss = "a loss passed to backward since the last step was inf/NaN"
-    return f"{loss} and {grads}" if grads and not bool(torch.isfinite(norm)) else loss
+    return f"{loss} and {grads}" if grads and not math.isfinite(norm) else loss
 
 
 def _clear_gradients(optimizer) -> None:
