@@ -15,7 +15,9 @@ objects is ACL101). At each backward the root of the loss graph is read for a co
 - and the gradients were not rescaled after the last backward: the norm of one probe gradient
   is kept on the device after each backward and compared at the step (one host read, only in a
   window that can still be reported), so `p.grad /= k` and fairseq's `p.grad.data.mul_(1 / n)`
-  both count. A norm clip rescales too, but it only hides the bug when the divided gradients
+  both count, as do `p.grad.div_(k)` and `torch._foreach_div_` / `_foreach_mul_`; in fp16 a
+  rescaling before `scaler.unscale_` is noted when the unscale starts (the unscale itself then
+  changes the norm again and is not the user's division). A norm clip rescales too, but it only hides the bug when the divided gradients
   would have been clipped to the same norm (total norm / k at or above max_norm).
 
 Once a window had a divided pass (judged with the previous window's k), the rest of it costs
@@ -63,6 +65,7 @@ def install(tracker) -> None:
 
     tracker.subscribe("backward_pre", before_backward)
     tracker.subscribe("backward", after_backward)
+    tracker.subscribe("unscale_pre", lambda state, **_: _note_rescaled(state))
     tracker.subscribe("unscale", lambda state, **_: _remember_grads(state))
     tracker.subscribe("clip", _before_clip)
     tracker.subscribe("clip_done", _after_clip)
@@ -152,11 +155,20 @@ def _remember_grads(st) -> None:
         data["grads"] = _grad_norm(st)
 
 
+def _note_rescaled(st) -> None:
+    """Before an unscale or a clip changes the gradients for its own reasons: were they already
+    rescaled by the user since the last backward (`p.grad /= k` before `scaler.unscale_`)?"""
+    data = st.extra.get(_KEY)
+    if data is not None and "grads" in data and not data.get("rescaled"):
+        data["rescaled"] = _rescaled(st, data)
+
+
 def _before_clip(kind, states, **_) -> None:
     for st in states:
         data = st.extra.get(_KEY)
         if kind == "norm" and data is not None and "grads" in data:
-            data["clean_before_clip"] = not _rescaled(st, data)
+            _note_rescaled(st)
+            data["clean_before_clip"] = not data["rescaled"]
 
 
 def _after_clip(kind, states, result, limit, **_) -> None:
@@ -184,7 +196,7 @@ def _before_step(state, **_) -> None:
     state.extra[_K_KEY] = k
     if k < 2 or any(factor * k <= _DIVIDED or factor > 1 for factor in data["factors"]):
         return  # divided by about k, or scaled up on purpose
-    if _rescaled(state, data):
+    if data.get("rescaled") or _rescaled(state, data):
         return  # gradients were rescaled after the last backward (e.g. p.grad /= k)
     report(
         "ACL301",
