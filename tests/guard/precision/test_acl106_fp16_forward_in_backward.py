@@ -3,6 +3,8 @@ unscaled backward runs through is fp16 training without a scaler."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -39,17 +41,55 @@ def _distill(student, teacher, optimizer, x, student_dtype=None, steps: int = 3)
 
 
 def test_fp16_training_without_scaler_is_reported_at_the_backward(guard_on):
+    """Judged at the step (a GradScaler stepping the optimizer would make it ACL101's), named
+    after the backward's line and step."""
     student, _, optimizer, x = _student_and_teacher()
     before = _params(student)
     with torch.autocast("cpu", dtype=torch.float16):
         loss = student(x).float().square().mean()
     loss.backward()
-    (finding,) = guard_on.findings()  # reported before any optimizer step
-    assert (finding.code, finding.level) == ("ACL106", "warning")
-    assert HERE in finding.location
-    assert HERE in finding.message  # names the autocast region
+    backward_line = f"{HERE}{sys._getframe().f_lineno - 1}"
+    assert guard_on.findings() == []
     optimizer.step()  # a warning: the loop goes on in raise mode
+    (finding,) = guard_on.findings()
+    assert (finding.code, finding.level, finding.step) == ("ACL106", "warning", 0)
+    assert finding.location.endswith(backward_line)
+    assert HERE in finding.message  # names the autocast region
     assert not all(torch.equal(a, b) for a, b in zip(before, _params(student), strict=True))
+
+
+def _raw_backward_with_scaler(steps: int, scaled_main_loss: bool) -> None:
+    """fp16 forward, a raw `loss.backward()` (beside a scaled main loss, or alone), then the
+    scaler's unscale, step and update."""
+    student, _, optimizer, x = _student_and_teacher()
+    scaler = torch.amp.GradScaler("cpu")
+    for _ in range(steps):
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = student(x)
+        if scaled_main_loss:
+            scaler.scale(out.float().square().mean()).backward(retain_graph=True)
+        out.float().abs().mean().backward()
+        scaler.unscale_(optimizer)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+
+
+def test_raw_backward_beside_a_scaled_loss_is_acl101_only(guard_on):
+    """One root cause (the backward skipped the loop's scaler), one finding."""
+    guard_on.configure(mode="warn")
+    _raw_backward_with_scaler(steps=3, scaled_main_loss=True)
+    assert sorted({f.code for f in guard_on.findings()}) == ["ACL101"]
+
+
+def test_raw_backward_never_scaled_raises_acl101_only(guard_on):
+    with pytest.raises(guard_on.GuardError) as raised:
+        _raw_backward_with_scaler(steps=1, scaled_main_loss=False)
+    assert raised.value.code == "ACL101"
+    from guard._tracker import TRACKER
+
+    TRACKER.emit("finish")  # the run ends: nothing else is reported for that backward
+    assert [f.code for f in guard_on.findings()] == ["ACL101"]
 
 
 def test_frozen_fp16_teacher_with_fp32_student_is_silent(guard_on):
@@ -90,6 +130,7 @@ def test_gradient_through_a_frozen_fp16_network_is_reported(guard_on):
     with torch.autocast("cpu", dtype=torch.float16):
         score = critic(out)
     score.float().mean().backward()
+    optimizer.step()  # judged at the step: no GradScaler steps the student
     assert [f.code for f in guard_on.findings()] == ["ACL106"]
 
 
