@@ -4,14 +4,15 @@ Gradients below fp16's smallest subnormal (about 6e-8) flush to zero without any
 forward whose fp16 outputs are part of the backward's graph matters: a frozen fp16 teacher (its
 outputs carry no graph) or an fp16 evaluation that is never backpropagated is not fp16 training.
 So while an fp16 autocast region entered with gradients enabled is open, a global module forward
-hook tags the autograd node of every fp16 module output that records a graph (a few microseconds
-per module call inside such regions, scaled fp16 training included). An unscaled backward whose
-graph reaches a tagged node is reported: through the engine, an error before autograd runs; in
-raw loops a warning, judged at the optimizer's step and named after the backward's line and
-step. A loop whose GradScaler unscales or steps that optimizer has a scaler the backward
-skipped: ACL101 reports that, and ACL106 stays silent (one root cause, one finding). The walk over the graph runs only when something was tagged since the
-previous backward, and stops at the first tagged node. Forwards that call no `nn.Module` inside
-the region (purely functional code) are not seen.
+hook tags the autograd node of every fp16 module output that records a graph (a few microseconds per
+module call inside such regions, scaled fp16 training included). An unscaled backward whose graph
+reaches a tagged node is reported: through the engine, an error before autograd runs; in raw loops a
+warning, judged at the optimizer's step and named after the backward's line and step. A loop whose
+GradScaler unscales or steps that optimizer has a scaler the backward skipped: ACL101 reports that,
+and ACL106 stays silent (one root cause, one finding). The walk over the graph runs only when
+something was tagged since the previous backward, and stops at the first tagged node. Forwards that
+call no `nn.Module` inside the region (purely functional code) are not seen.
+
 """
 
 from __future__ import annotations

@@ -12,13 +12,13 @@ objects is ACL101). At each backward the root of the loss graph is read for a co
   `0.5 * loss` with k = 4 is not a division by 4);
 - the loss was not deliberately scaled up (a factor above 1, as YOLOv5's `loss * batch_size`,
   means the user manages the sum on purpose);
-- and the gradients were not rescaled after the last backward: the norm of one probe gradient
-  is kept on the device after each backward and compared at the step (one host read, only in a
-  window that can still be reported), so `p.grad /= k` and fairseq's `p.grad.data.mul_(1 / n)`
-  both count, as do `p.grad.div_(k)` and `torch._foreach_div_` / `_foreach_mul_`; in fp16 a
-  rescaling before `scaler.unscale_` is noted when the unscale starts (the unscale itself then
-  changes the norm again and is not the user's division). A norm clip rescales too, but it only hides the bug when the divided gradients
-  would have been clipped to the same norm (total norm / k at or above max_norm).
+- and the gradients were not rescaled after the last backward: the norm of one probe gradient is
+  kept on the device after each backward and compared at the step (one host read, only in a window
+  that can still be reported), so `p.grad /= k` and fairseq's `p.grad.data.mul_(1 / n)` both count,
+  as do `p.grad.div_(k)` and `torch._foreach_div_` / `_foreach_mul_`; in fp16 a rescaling before
+  `scaler.unscale_` is noted when the unscale starts (the unscale itself then changes the norm again
+  and is not the user's division). A norm clip rescales too, but it only hides the bug when the
+  divided gradients would have been clipped to the same norm (total norm / k at or above max_norm).
 
 Once a window had a divided pass (judged with the previous window's k), the rest of it costs
 nothing.

@@ -156,6 +156,11 @@ def _training_objects():
     return model, optimizer, scheduler, scaler
 
 
+def _by_kind() -> dict:
+    kinds = ("model", "optimizer", "scheduler", "scaler")
+    return dict(zip(kinds, _training_objects(), strict=True))
+
+
 def _same_state(a: dict, b: dict) -> bool:
     """Equal state dicts (tensors by value, everything else by ==)."""
     if a.keys() != b.keys():
@@ -176,12 +181,11 @@ def _same_state(a: dict, b: dict) -> bool:
 @pytest.mark.parametrize("kind", ["optimizer", "scheduler", "scaler"])
 def test_optimizer_scheduler_scaler_round_trips(mode, kind):
     """Each round trip keeps the state the guard watched, and the guard is not in it."""
-    objects = dict(zip(("model", "optimizer", "scheduler", "scaler"), _training_objects()))
-    obj = objects[kind]
+    obj = _by_kind()[kind]
     assert _guard_globals(obj) == set()
     for other in _round_trips(obj):
         assert _same_state(other.state_dict(), obj.state_dict())
-    fresh = dict(zip(("model", "optimizer", "scheduler", "scaler"), _training_objects()))[kind]
+    fresh = _by_kind()[kind]
     fresh.load_state_dict(obj.state_dict())
     assert _same_state(fresh.state_dict(), obj.state_dict())
 

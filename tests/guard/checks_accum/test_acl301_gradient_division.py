@@ -57,9 +57,9 @@ def test_gradients_divided_before_unscale_and_clip_are_silent(guard_on, how, fp1
     assert codes(guard_on) == []
     reference = _loop("loss", fp16)
     if fp16:  # fp16 rounding differs between dividing the loss and the gradients
-        assert all(torch.allclose(a, b, atol=1e-3) for a, b in zip(trained, reference))
+        assert all(torch.allclose(a, b, atol=1e-3) for a, b in zip(trained, reference, strict=True))
     else:
-        assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(trained, reference))
+        assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(trained, reference, strict=True))
 
 
 @pytest.mark.parametrize("fp16", [False, True], ids=["fp32", "fp16"])
