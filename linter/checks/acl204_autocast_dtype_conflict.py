@@ -11,7 +11,6 @@ from linter.model.precision import (
     autocasts,
     engine_precision,
     region_scope,
-    wraps_low_precision_prepared_model,
 )
 
 
@@ -28,17 +27,15 @@ def check(ctx: RuleContext) -> None:
         if cast.by_engine:
             if precision == "no":
                 _report_noop(ctx, cast)
-        elif _conflicts(ctx.model, cast, precision):
+        elif _conflicts(cast, precision):
             _report_conflict(ctx, cast, precision)
 
 
-def _conflicts(model, cast: Autocast, precision: str) -> bool:
+def _conflicts(cast: Autocast, precision: str) -> bool:
     """A user region in fp16 under a bf16 engine or the reverse. Under "no" the user's region
-    is the only one (their own AMP, judged by ACL106); a region around a prepared model is
-    ACL201's, whose fix adopts the engine's dtype."""
-    if precision not in (FP16, BF16) or cast.dtype not in (FP16, BF16) or cast.dtype == precision:
-        return False
-    return not wraps_low_precision_prepared_model(model, cast.region)
+    is the only one (their own AMP, judged by ACL106). A region around the prepared model is
+    also ACL201's; its fix (`accelerator.autocast()`) resolves both."""
+    return precision in (FP16, BF16) and cast.dtype in (FP16, BF16) and cast.dtype != precision
 
 
 def _report_conflict(ctx: RuleContext, cast: Autocast, precision: str) -> None:

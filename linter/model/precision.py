@@ -158,19 +158,6 @@ def _engine_autocast(model, region: Region) -> Autocast:
     return Autocast(region, None, _ENGINE_DTYPE.get(precision or ""), True, True, engine)
 
 
-def wraps_low_precision_prepared_model(model, region: Region) -> bool:
-    """A region around a call of a model prepared by an fp16/bf16 engine (ACL201's case, whose
-    fix adopts the engine's precision)."""
-    if not model.has_training_loop():
-        return False
-    for call in model.calls_in_with(region.with_node):
-        if call.func and model.is_prepared(call.func, call.stmt.scope):
-            engine = model.setup.engines.get(model.setup.prepared[call.func].engine)
-            if engine is not None and engine.mixed_precision in ("fp16", "bf16"):
-                return True
-    return False
-
-
 def region_scope(model, region: Region):
     """The function (or the module) whose body holds the region."""
     return _scope_of(model, region)

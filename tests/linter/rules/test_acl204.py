@@ -149,7 +149,9 @@ def test_modules_without_an_engine_are_not_flagged(acl204):
     assert acl204.findings(source) == []
 
 
-def test_region_around_the_prepared_model_is_left_to_acl201(acl204):
+def test_region_around_the_prepared_model_is_reported_beside_acl201(acl204, at):
+    """ACL201 reports the region around the model; the dtype conflict is ACL204's, and ACL201's
+    fix (`accelerator.autocast()`) resolves both."""
     source = """
     import torch
     from accelerate import Accelerator
@@ -162,7 +164,8 @@ def test_region_around_the_prepared_model_is_left_to_acl201(acl204):
         accelerator.backward(loss)
         opt.step()
     """
-    assert acl204.findings(source) == []
+    assert acl204.findings(source) == [("ACL204", *at(source, "torch.autocast("))]
+    assert acl204.findings(source.replace("torch.float16", "torch.bfloat16")) == []
 
 
 def test_user_amp_beside_an_fp32_engine_is_not_a_conflict(acl204):
