@@ -1,0 +1,184 @@
+"""Two gloo processes on CPU for ACL405's replica-consistency check: run as a script; each rank
+writes one JSON file with, per case, what the guard reported (warn mode, so the loop trains on
+and the replicas really drift) and whether the replicas' parameters are equal at the end.
+
+Every case runs on both ranks in the same order (the guard's collectives must pair up). Each rank
+draws its own batches, as a DistributedSampler would hand out different samples."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn import functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+STEPS = 6
+WIDTH = 8
+
+
+def make_net(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, 2))
+
+
+def batches(rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(100 + rank)
+    return [
+        (torch.randn(4, WIDTH, generator=generator), torch.randint(0, 2, (4,), generator=generator))
+        for _ in range(STEPS)
+    ]
+
+
+def train(model: nn.Module, params, rank: int, before_step=None) -> None:
+    """A correct loop: forward through `model`, backward, SGD step on `params`."""
+    opt = torch.optim.SGD(params, lr=0.5)
+    for step, (x, y) in enumerate(batches(rank)):
+        F.cross_entropy(model(x), y).backward()
+        if before_step is not None:
+            before_step(step)
+        opt.step()
+        opt.zero_grad()
+
+
+def replicas_equal(module: nn.Module) -> bool:
+    """Whether every rank holds the same parameters (all_gather of the flattened weights)."""
+    flat = torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+    parts = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, flat)
+    return all(torch.equal(parts[0], p) for p in parts)
+
+
+# -- the cases: each returns the module whose replicas are compared ------------------------------
+
+
+def correct(rank: int) -> nn.Module:
+    model = DDP(make_net())
+    train(model, model.parameters(), rank)
+    return model.module
+
+
+def dtype_round_trip(rank: int) -> nn.Module:
+    """After wrapping, the model goes to float64 and back (on a GPU: .cpu() then .cuda()): its
+    parameters get new tensors, DDP's gradient hooks sit on the old ones (pytorch#104336)."""
+    model = DDP(make_net())
+    model.double()
+    model.float()
+    train(model, model.parameters(), rank)
+    return model.module
+
+
+def sync_flag_left_false(rank: int) -> nn.Module:
+    """`require_backward_grad_sync` switched off by hand (an accumulation helper) and never
+    switched back."""
+    model = DDP(make_net())
+    model.require_backward_grad_sync = False
+    train(model, model.parameters(), rank)
+    return model.module
+
+
+def params_replaced(rank: int) -> nn.Module:
+    """A new head put into the wrapped module after wrapping (fine-tuning): DDP never registered
+    its parameters, so their gradients stay local."""
+    model = DDP(make_net(), find_unused_parameters=True)  # the old head gets no gradient
+    torch.manual_seed(1)  # the same new head on every rank
+    model.module[2] = nn.Linear(WIDTH, 2)
+    train(model, model.parameters(), rank)
+    return model.module
+
+
+def no_initial_broadcast(rank: int) -> nn.Module:
+    """Each rank seeds its own model and DDP skips the broadcast of rank 0's weights."""
+    model = DDP(make_net(seed=rank), init_sync=False)
+    train(model, model.parameters(), rank)
+    return model.module
+
+
+def fresh_wrapper_on_some_paths(rank: int) -> nn.Module:
+    """Halfway through, the loop takes a code path that calls the inner module instead of the
+    DDP wrapper: the gradients of those steps are never all-reduced."""
+    net = make_net()
+    model = DDP(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    for step, (x, y) in enumerate(batches(rank)):
+        forward = model if step < STEPS // 2 else net  # the other path skips the wrapper
+        F.cross_entropy(forward(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return net
+
+
+def rewrapped_every_run(rank: int) -> nn.Module:
+    """HF-Trainer-style re-wrapping done right: every rank wraps the model again (a resumed
+    run); the new wrapper broadcasts rank 0's weights and registers its own hooks."""
+    net = make_net()
+    model = DDP(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    for step, (x, y) in enumerate(batches(rank)):
+        if step == STEPS // 2:
+            model = DDP(net)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return net
+
+
+CASES = {
+    "rewrapped_every_run": rewrapped_every_run,
+    "correct": correct,
+    "dtype_round_trip": dtype_round_trip,
+    "sync_flag_left_false": sync_flag_left_false,
+    "params_replaced": params_replaced,
+    "no_initial_broadcast": no_initial_broadcast,
+    "fresh_wrapper_on_some_paths": fresh_wrapper_on_some_paths,
+}
+
+
+# Checks every 2 steps here, so the drift that starts at step 4 is seen within the 6 steps.
+CASE_OPTIONS = {"fresh_wrapper_on_some_paths": {"replica_every": 2}}
+
+
+def run_case(guard, name: str, rank: int) -> dict:
+    guard.reset()
+    guard.configure(**{"replica_every": 100, **CASE_OPTIONS.get(name, {})})
+    module = CASES[name](rank)
+    found = [
+        {"code": f.code, "message": f.message, "count": f.count, "level": f.level}
+        for f in guard.findings()
+    ]
+    return {"findings": found, "replicas_equal": replicas_equal(module)}
+
+
+def run(rank: int, world: int, port: int, names: list[str]) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+    )
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    import guard
+
+    guard.install()
+    guard.configure(mode="warn", select=["ACL"])
+    result = {"rank": rank, **{name: run_case(guard, name, rank) for name in names}}
+    out = os.path.join(os.environ["ACCEL_DIST_RESULTS"], f"rank{rank}.json")
+    with open(out, "w", encoding="utf-8") as fh:
+        json.dump(result, fh)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    mp.spawn(run, args=(2, free, sys.argv[1:] or list(CASES)), nprocs=2)
+    sys.exit(0)

@@ -1,0 +1,85 @@
+"""ACL405's replica-consistency check across 2 gloo processes (CPU), in warn mode so each loop
+trains on: every mechanism that makes data-parallel replicas drift apart is reported with its
+cause, the replicas really differ (their parameters compared across ranks), and correct loops
+report nothing. One subprocess runs every case on both ranks."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))  # tests/guard, for the two-rank runner
+from two_ranks import run_two_ranks  # noqa: E402
+
+DRIFT = "the data-parallel replicas' weights differ across ranks"
+WINDOW = "none ran after a DDP forward with gradient sync on"
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    results = tmp_path_factory.mktemp("replica-results")
+    worker = HERE / "replica_worker.py"
+    return run_two_ranks(worker, results, env={"ACCEL_DIST_RESULTS": str(results)})
+
+
+def _only_acl405(ranks, case: str) -> list[dict]:
+    """The case's single ACL405 finding on each rank (both ranks judge the same numbers)."""
+    found = []
+    for row in ranks:
+        codes = [f["code"] for f in row[case]["findings"]]
+        assert codes == ["ACL405"], (case, row[case]["findings"])
+        found.append(row[case]["findings"][0])
+    return found
+
+
+@pytest.mark.parametrize("case", ["correct", "rewrapped_every_run"])
+def test_correct_ddp_loops_report_nothing(ranks, case):
+    for row in ranks:
+        assert row[case] == {"findings": [], "replicas_equal": True}
+
+
+@pytest.mark.parametrize(
+    ("case", "when", "cause"),
+    [
+        (
+            "dtype_round_trip",
+            "after optimizer step 1 (they agreed before the first step)",
+            "4 parameter(s) of the wrapped model got new tensors after wrapping",
+        ),
+        (
+            "params_replaced",
+            "after optimizer step 1 (they agreed before the first step)",
+            "2 trainable parameter(s) were put into the model after wrapping",
+        ),
+        (
+            "no_initial_broadcast",
+            "before the first optimizer step",
+            "the initial weights were not broadcast",
+        ),
+    ],
+)
+def test_drift_the_step_checks_cannot_see_is_reported_with_its_cause(ranks, case, when, cause):
+    """The forward went through the wrapper with sync on, so only the checksum sees these."""
+    for finding, row in zip(_only_acl405(ranks, case), ranks, strict=True):
+        assert not row[case]["replicas_equal"]
+        assert finding["message"].startswith(f"{DRIFT} {when}")
+        assert cause in finding["message"]
+        assert finding["count"] == 1  # reported once, then the check stops
+
+
+@pytest.mark.parametrize(
+    ("case", "unsynced_steps"),
+    [("sync_flag_left_false", 6), ("fresh_wrapper_on_some_paths", 3)],
+)
+def test_drift_joins_the_step_finding_of_the_same_cause(ranks, case, unsynced_steps):
+    """The per-step check reports every step that followed no synced forward; the checksum's
+    confirmation lands on the same finding (same code and line: one root cause, one finding),
+    so the count is one more than the unsynced steps."""
+    for finding, row in zip(_only_acl405(ranks, case), ranks, strict=True):
+        assert not row[case]["replicas_equal"]
+        assert WINDOW in finding["message"]
+        assert finding["count"] == unsynced_steps + 1
