@@ -254,9 +254,17 @@ def test_prefilter_words():
         "with model.no_sync():",
         "opt.zero_grad()",
         "args.gradient_accumulation_steps",
+        "@torch.cuda.amp.custom_fwd(cast_inputs=torch.float16)",  # ACL203 in a model file
+        "from torch.cuda import amp",
+        "@custom_bwd",
+        "AdamW(params, weight_decay=cfg.wd * cfg.grad_accum)",  # ACL311 in an optimizer factory
     ]:
         assert PREFILTER.search(text.encode()), text
-    for text in ["# kept for backward compatibility", "def add(a, b):\n    return a + b\n"]:
+    for text in [
+        "# kept for backward compatibility",
+        "def add(a, b):\n    return a + b\n",
+        "AdamW(params, weight_decay=0.01)\naccuracy = 1",
+    ]:
         assert not PREFILTER.search(text.encode()), text
 
 
