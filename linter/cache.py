@@ -122,7 +122,7 @@ def _encode(d: Diagnostic) -> list:
     if d.fix is not None:
         edits = [[*_pos(e.start), *_pos(e.end), e.content] for e in d.fix.edits]
         fix = [d.fix.applicability, d.fix.message, edits]
-    return [d.code, d.message, *_pos(d.start), *_pos(d.end), fix, list(d.notes)]
+    return [d.code, d.message, *_pos(d.start), *_pos(d.end), fix, list(d.notes), d.severity]
 
 
 def _pos(position: Position) -> tuple[int, int]:
@@ -137,7 +137,7 @@ def _decode(items: list, path: str) -> list[Diagnostic] | None:
 
 
 def _decode_one(item: list, path: str) -> Diagnostic:
-    code, message, sl, sc, el, ec, fix, notes = item
+    code, message, sl, sc, el, ec, fix, notes, severity = item
     decoded = None
     if fix is not None:
         applicability, fix_message, edits = fix
@@ -147,4 +147,4 @@ def _decode_one(item: list, path: str) -> Diagnostic:
             tuple(Edit(Position(a, b), Position(c, d), content) for a, b, c, d, content in edits),
         )
     start, end = Position(sl, sc), Position(el, ec)
-    return Diagnostic(code, message, path, start, end, decoded, tuple(notes))
+    return Diagnostic(code, message, path, start, end, decoded, tuple(notes), severity)

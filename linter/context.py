@@ -28,9 +28,11 @@ class RuleContext:
         message: str,
         fix: Fix | None = None,
         notes: tuple[str, ...] = (),
+        severity: str | None = None,
     ) -> Diagnostic:
+        """Record a finding; `severity="info"` marks a hint of a rule that otherwise errs."""
         start, end = node if isinstance(node, tuple) else self.span(node)
-        diagnostic = Diagnostic(self.code, message, self.path, start, end, fix, notes)
+        diagnostic = Diagnostic(self.code, message, self.path, start, end, fix, notes, severity)
         self.diagnostics.append(diagnostic)
         return diagnostic
 

@@ -44,3 +44,6 @@ class Diagnostic:
     fix: Fix | None = None
     # Extra facts a reporter may show (e.g. the accumulation value and where it came from).
     notes: tuple[str, ...] = field(default=())
+    # "info" for a hint-level finding of a rule whose findings are otherwise errors (ACL305's
+    # unchecked step after a GradScaler step); None: the rule's own severity.
+    severity: str | None = None

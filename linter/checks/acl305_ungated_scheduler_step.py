@@ -78,4 +78,5 @@ def _report_unchecked(ctx, call, after) -> None:
         f"hint: `{label}()` runs right after `{code(after.call.func)}()` with no test for a "
         "skipped step: when the GradScaler skips the optimizer on inf/NaN, the schedule (or "
         "average) still moves (test `scaler.get_scale()` against its value before the step)",
+        severity="info",
     )

@@ -9,7 +9,8 @@ from linter.model.logged_losses import DIVIDED, SCALED, logged_losses
 def check(ctx) -> None:
     """Report each logging statement once, at its logger call (else its `.item()`)."""
     for logged in logged_losses(ctx.model):
-        ctx.report(logged.node, _message(ctx, logged))
+        hint = logged.kind not in (DIVIDED, SCALED)
+        ctx.report(logged.node, _message(ctx, logged), severity="info" if hint else None)
 
 
 def _message(ctx, logged) -> str:

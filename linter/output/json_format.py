@@ -56,7 +56,7 @@ def as_dict(diagnostic: Diagnostic) -> dict:
         "message": diagnostic.message,
         "name": rule_name(diagnostic.code),
         "noqa_row": diagnostic.start.line,
-        "severity": rule_severity(diagnostic.code),
+        "severity": diagnostic.severity or rule_severity(diagnostic.code),
         "url": None,
     }
 

@@ -44,7 +44,7 @@ def _level(code: str) -> str:
 def result(diagnostic: Diagnostic) -> dict:
     artifact = {"uri": _uri(diagnostic.path)}
     entry: dict = {
-        "level": _level(diagnostic.code),
+        "level": _LEVELS[diagnostic.severity] if diagnostic.severity else _level(diagnostic.code),
         "locations": [
             {
                 "physicalLocation": {

@@ -143,3 +143,26 @@ def test_sarif_log_is_valid_2_1_0(project, fake_rules, invoke):
     assert location["region"] == {"startLine": 3, "startColumn": 5, "endLine": 3, "endColumn": 20}
     replacement = result["fixes"][0]["artifactChanges"][0]["replacements"][0]
     assert replacement["insertedContent"] == {"text": "accelerator.backward(loss)"}
+
+
+def test_a_hint_keeps_its_own_severity_in_json_sarif_and_the_cache():
+    """ACL305's unchecked step after a GradScaler step is a hint of an error-level rule."""
+    from linter.analysis import analyze_source
+    from linter.cache import _decode_one, _encode
+    from linter.output import json_format, sarif
+
+    source = (
+        "import torch\n"
+        "scaler = torch.amp.GradScaler('cuda')\n"
+        "for x, y in dl:\n"
+        "    scaler.scale(crit(model(x), y)).backward()\n"
+        "    scaler.step(opt)\n"
+        "    scaler.update()\n"
+        "    sched.step()\n"
+        "    opt.zero_grad()\n"
+    )
+    (hint,) = analyze_source(source, "t.py", ["ACL305"])
+    assert hint.severity == "info" and hint.message.startswith("hint:")
+    assert json_format.as_dict(hint)["severity"] == "info"
+    assert sarif.result(hint)["level"] == "note"
+    assert _decode_one(_encode(hint), "t.py") == hint
