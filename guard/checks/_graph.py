@@ -14,8 +14,16 @@ _MAX_LOSS_NODES = 8  # a cross-entropy's NLL node sits within a few nodes of the
 _NLL_NODES = ("NllLossBackward0", "NllLoss2DBackward0")
 
 
+class _OnDevice(Exception):
+    """A saved operand that lives on an accelerator: reading it would wait for the device."""
+
+
 def _scalar(value: Any) -> float | None:
-    """A Python number for a plain or 0-dim saved operand, else None."""
+    """A Python number for a plain or 0-dim saved operand, else None. A Python number the user
+    divided by is kept by torch as a CPU tensor whatever the loss's device, so reading it never
+    waits for a GPU; an operand on another device raises `_OnDevice` instead of being read."""
+    if getattr(getattr(value, "device", None), "type", "cpu") != "cpu":
+        raise _OnDevice
     try:
         if hasattr(value, "numel") and value.numel() != 1:
             return None
@@ -41,8 +49,8 @@ def root_factor(loss: Any, scaled: bool = False) -> float | None:
         try:
             other = 1.0 if skip else _scalar(node._saved_other)
             inputs = [fn for fn, _ in node.next_functions if fn is not None]
-        except (AttributeError, RuntimeError):  # attribute missing, or graph already freed
-            return None
+        except (AttributeError, RuntimeError, _OnDevice):  # attribute missing, graph freed,
+            return None  # or a divisor on the device: unknown, not a host sync
         if other is None or other == 0 or len(inputs) != 1:
             return factor  # a tensor-by-tensor product: not a constant factor
         factor *= other if sign > 0 else 1.0 / other
