@@ -17,8 +17,6 @@ def check(ctx) -> None:
     if dist.syncs_each_batch(model):
         return  # an explicit choice to all-reduce on every micro-step
     for loop in model.loops:
-        if not isinstance(loop.node, (cst.For, cst.While)):
-            continue
         gate = _accumulation_gate(model, loop)
         late = _too_late_regions(ctx, loop, gate)
         if not late and gate is not None and not dist.mentions_sync_control(model, loop):
@@ -121,6 +119,11 @@ def _wrap_micro_step(ctx, loop, gate, held, forward):
     """The forward-to-backward lines under `nullcontext() if <update step> else m.no_sync()`;
     a model wrapped in DDP only on distributed runs gets `getattr(m, "no_sync", nullcontext)()`,
     so single-process runs keep working."""
+    if gate.caller is not None:
+        return None, (
+            f"no fix: the optimizer steps in `{gate.caller.name}`, which calls this function "
+            "every micro-step; put the call under `no_sync()` on non-final micro-steps there"
+        )
     backwards = [s for s in loop.backwards if not ctx.model.on_update_step(loop, s.stmt)]
     targets = [forward.stmt.line, *(s.stmt.line for s in backwards)]
     block, first, last = _common_block(loop, gate, targets)
@@ -236,7 +239,7 @@ def _update_condition(ctx, loop, gate, start):
     end = _first_order(gate.node, loop)
     for name in names:
         for d in loop.scope.defs.get(name, ()):
-            if begin <= d.stmt.order < end and any(f.node is loop.node for f in d.stmt.frames):
+            if begin <= d.stmt.order < end and dist.inside(d.stmt, loop.node):
                 return None
     text = code(test)
     if isinstance(test, (cst.IfExp, cst.Lambda, cst.NamedExpr)):

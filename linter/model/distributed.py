@@ -39,6 +39,7 @@ _DDP_HELPER = re.compile(r"(^|_)ddp$", re.I)
 _SYNC_WORDS = {"no_sync", "require_backward_grad_sync"}
 _WORLD_SIZE_NAME = re.compile(r"^(\w+_)?world_size$|^num_processes$|^n_?gpus$", re.I)
 _MAX_DEPTH = 4
+_FORWARD_HELPER = re.compile(r"loss|forward|step|train|run|batch", re.I)
 _LOADER_CALLEE = re.compile(r"loader|sampler|prefetch|tqdm|iter|enumerate", re.I)
 
 
@@ -197,10 +198,13 @@ def _runs_forward(model: Model, call: cst.Call, scope: Scope, held, depth: int) 
         func = func[: -len(".forward")]
     if _is_model(model, func, scope, held):
         return True
-    if any(_is_model(model, dotted(arg.value), scope, held) for arg in call.args):
-        return True
-    callee = model.local_function(call.func, scope) if depth < 2 else None
+    callee = model.local_function(call.func, scope)
     if callee is None:
+        # an imported helper handed the model runs its forward when named for it
+        # (`compute_loss(model, batch)`), not `unwrap_ddp(model)` or `save(model)`
+        handed = any(_is_model(model, dotted(arg.value), scope, held) for arg in call.args)
+        return handed and bool(_FORWARD_HELPER.search(last_part(func)))
+    if depth >= 2:
         return False
     return any(_runs_forward(model, c.call, callee, held, depth + 1) for c in callee.calls)
 
@@ -223,13 +227,37 @@ def loop_calls(model: Model, loop: TrainingLoop) -> list[CallSite]:
     return [c for c in loop.scope.calls if _inside(c.stmt, loop.node)]
 
 
-def _inside(stmt: Stmt, node: cst.CSTNode) -> bool:
+_GRAD_OFF = {"torch.no_grad", "torch.inference_mode", "torch.set_grad_enabled"}
+
+
+def _grad_free(model: Model, stmt: Stmt) -> bool:
+    """Under `torch.no_grad()` / `inference_mode()` / `set_grad_enabled(...)` (which may be off)."""
+    for frame in stmt.frames:
+        if frame.kind == "with":
+            for item in frame.node.items:
+                func = item.item.func if isinstance(item.item, cst.Call) else None
+                if (model.imports.qualify(func) or "") in _GRAD_OFF:
+                    return True
+    return False
+
+
+def inside(stmt: Stmt, node: cst.CSTNode) -> bool:
+    """In the loop `node`, or anywhere in the function when the function is the owner."""
     return node is stmt.scope.node or any(f.node is node for f in stmt.frames)
 
 
+_inside = inside
+
+
 def ddp_models_in(model: Model, loop: TrainingLoop) -> list[tuple[DDPModel, CallSite]]:
-    """Each DDP model the loop runs forward, with its first forward call in the loop."""
-    calls = loop_calls(model, loop)
+    """Each DDP model the loop runs forward with gradients on every micro-step (a teacher under
+    `no_grad` never all-reduces; a forward only on the update step syncs once), with its first
+    such forward call in the loop."""
+    calls = [
+        c
+        for c in loop_calls(model, loop)
+        if not _grad_free(model, c.stmt) and not model.on_update_step(loop, c.stmt)
+    ]
     found: list[tuple[DDPModel, CallSite]] = []
     for held in ddp_models(model):
         if any(h is held for h, _ in found):
@@ -279,6 +307,8 @@ def mentions_sync_control(model: Model, loop: TrainingLoop) -> bool:
     module function it calls, or in a name it reads (`ctx = model.no_sync if ... else ...`)."""
     if _mentions(loop.node):
         return True
+    if isinstance(loop.node, cst.FunctionDef) and _caller_controls_sync(model, loop.scope):
+        return True
     for c in loop_calls(model, loop):
         callee = model.local_function(c.call.func, c.stmt.scope)
         if callee is not None and _mentions(callee.node):
@@ -290,6 +320,22 @@ def mentions_sync_control(model: Model, loop: TrainingLoop) -> bool:
             if any(d.value is not None and _mentions(d.value) for d in scope.defs.get(name, ())):
                 return True
         scope = scope.parent
+    return False
+
+
+def _caller_controls_sync(model: Model, scope: Scope) -> bool:
+    """A per-batch function whose callers run it under `accumulate()` or in a loop that
+    controls the sync (`sync_context = partial(accelerator.no_sync, model=model)`)."""
+    for call in callers_of(model, scope):
+        if model.regions_around(call.stmt, "accumulate"):
+            return True
+        loops = call.stmt.loops()
+        if loops and _mentions(loops[-1]):
+            return True
+        names = {n.value for n in walk(loops[-1]) if isinstance(n, cst.Name)} if loops else set()
+        defs = [d for name in names for d in call.stmt.scope.defs.get(name, ())]
+        if any(d.value is not None and _mentions(d.value) for d in defs):
+            return True
     return False
 
 

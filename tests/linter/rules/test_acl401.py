@@ -383,3 +383,113 @@ def test_model_wrapped_only_on_distributed_runs_keeps_single_process_runs_workin
         "model = DDP(model) if distributed else model",
     )
     assert 'getattr(model, "no_sync", nullcontext)()' in acl401.fixed(inline, unsafe=True)
+
+
+def test_per_batch_function(acl401, at):
+    gated_inside = """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def train_step(model, batch, step):
+        loss = crit(model(batch["x"]), batch["y"]) / K
+        loss.backward()
+        if (step + 1) % K == 0:
+            opt.step(); opt.zero_grad()
+
+    def main():
+        model = DDP(net)
+        for step, batch in enumerate(dl):
+            train_step(model, batch, step)
+    """
+    assert acl401.findings(gated_inside) == [("ACL401", *at(gated_inside, "model(batch"))]
+    assert "    with nullcontext() if (step + 1) % K == 0 else model.no_sync():\n" in (
+        acl401.fixed(gated_inside, unsafe=True)
+    )
+    gated_by_caller = """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def train_step(model, batch):
+        loss = crit(model(batch["x"]), batch["y"]) / K
+        loss.backward()
+
+    def main():
+        model = DDP(net)
+        for step, batch in enumerate(dl):
+            train_step(model, batch)
+            if (step + 1) % K == 0:
+                opt.step(); opt.zero_grad()
+    """
+    (diagnostic,) = acl401.diagnostics(gated_by_caller)
+    assert diagnostic.fix is None and "calls this function every micro-step" in diagnostic.notes[0]
+
+
+def test_teacher_forward_without_gradients_is_not_the_one_reported(acl401, at):
+    source = """
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    teacher = DDP(teacher_net)
+    student = DDP(student_net)
+    for i, (x, y) in enumerate(dl):
+        with torch.no_grad():
+            soft = teacher(x)
+        loss = distill(student(x), soft, y) / N
+        loss.backward()
+        if (i + 1) % N == 0:
+            opt.step(); opt.zero_grad()
+    """
+    assert acl401.findings(source) == [("ACL401", *at(source, "student(x)"))]
+    frozen = source.replace("student = DDP(student_net)", "student = student_net")
+    assert acl401.findings(frozen) == []
+
+
+def test_per_batch_function_whose_caller_controls_the_sync(acl401):
+    source = """
+    import functools
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    class Trainer:
+        def training_step(self, model, batch):
+            loss = model(**batch).loss / self.accum
+            loss.backward()
+
+        def train(self):
+            model = DDP(self.net)
+            for step, batch in enumerate(self.dl):
+                last = (step + 1) % self.accum == 0
+                sync_context = functools.partial(self.accelerator.no_sync, model=model)
+                with contextlib.nullcontext() if last else sync_context():
+                    self.training_step(model, batch)
+                if last:
+                    self.opt.step()
+    """
+    assert acl401.findings(source) == []
+
+
+def test_model_handed_to_helpers_that_do_not_run_it(acl401, at):
+    source = (
+        HEADER
+        + """from utils import unwrap_ddp, compute_loss
+for i, (x, y) in enumerate(dl):
+    raw = unwrap_ddp(model)
+    loss = compute_loss(model, x, y) / N
+    loss.backward()
+    if (i + 1) % N == 0:
+        opt.step(); opt.zero_grad()
+"""
+    )
+    assert acl401.findings(source) == [("ACL401", *at(source, "compute_loss(model"))]
+
+
+def test_forward_that_runs_only_on_the_update_step(acl401):
+    source = (
+        HEADER
+        + """for i, (x, y) in enumerate(dl):
+    loss = crit(disc(x), y) / N
+    loss.backward()
+    if (i + 1) % N != 0:
+        continue
+    (crit(model(x), y)).backward()
+    opt.step(); opt.zero_grad()
+"""
+    )
+    assert acl401.findings(source) == []
