@@ -58,11 +58,14 @@ def root_factor(loss: Any, scaled: bool = False) -> float | None:
     return factor
 
 
-def token_mean_count(loss: Any) -> Any:
-    """The valid-token count of a mean-reduced NLL/cross-entropy node near the root, or None.
+def token_mean_count(loss: Any) -> tuple[Any, int] | None:
+    """The valid-token count of a mean-reduced NLL/cross-entropy node near the root and the
+    number of its targets, or None.
 
-    Returns the saved total weight (a 0-dim tensor, read later to avoid a host sync) when the
-    first `NllLossBackward0` found has `reduction == mean`; None for sums or non-token losses.
+    Returns (the saved total weight, a 0-dim tensor read later to avoid a host sync; the
+    targets' element count, from the shape, free) when the first `NllLossBackward0` found has
+    `reduction == mean`; None for sums or non-token losses. Fewer valid tokens than targets
+    means some were ignored (padding, -100 labels).
     """
     node = getattr(loss, "grad_fn", None)
     frontier = [node] if node is not None else []
@@ -72,9 +75,10 @@ def token_mean_count(loss: Any) -> Any:
         if type(node).__name__ in _NLL_NODES:
             try:
                 reduction, total = node._saved_reduction, node._saved_total_weight
+                targets = node._saved_target.numel()
             except (AttributeError, RuntimeError):
                 return None
-            return total if reduction == 1 else None
+            return (total, targets) if reduction == 1 else None
         try:
             children = node.next_functions
         except (AttributeError, RuntimeError):

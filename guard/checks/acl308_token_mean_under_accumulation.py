@@ -5,7 +5,11 @@ node; its saved total weight is that micro-batch's valid-token count T_i (kept a
 at the step boundary, so there is no host sync per micro-step). At the step, a token of
 micro-batch i weighs 1/(k*T_i) instead of 1/T; the measured bias max_i |mean(T)/T_i - 1| is
 reported when it exceeds `token_bias` (default 0.25; `guard.configure(token_bias=...)`).
-Sum-reduced losses normalised by a token count stay silent. Windows are measured on a sample:
+Sum-reduced losses normalised by a token count stay silent, and so do windows in which no target
+was ignored: their counts differ only by the number of targets, i.e. a short last batch of the
+epoch (an HF Trainer sequence-classification run), which weighs its samples as any loop without
+accumulation does; that is the loader's tail, not a token mean (each count keeps its number of
+targets, from the shape, so this costs no read). Windows are measured on a sample:
 the first 8 optimizer steps and every 16th after (see `sampled`).
 
 Under DDP (W > 1, an optimizer of a DDP model) the window spans all ranks: at every step of such
@@ -79,7 +83,10 @@ def install(tracker) -> None:
         if _across_ranks(state, optimizer, ddp_modules):
             judge(gathered_rows(counts if complete else None), distributed.world_size())
         elif complete and len(counts) >= 2:  # judged at the step's one host read
-            tracker.reads.defer(counts, lambda values: judge([_row_of(values)], 1))
+            targets = _targets(counts)
+            tracker.reads.defer(
+                [total for total, _ in counts], lambda values: judge([_row_of(values, targets)], 1)
+            )
 
     tracker.subscribe("backward_pre", before_backward)
     tracker.subscribe("backward", after_backward)
@@ -111,30 +118,42 @@ def _engine_owned(state) -> bool:
     return engine is not None and isinstance(state.prepared_by, engine.Engine)
 
 
+def _targets(counts: list) -> float:
+    return float(sum(targets for _, targets in counts))
+
+
 def _row(counts: list) -> torch.Tensor:
-    """[complete, n, sum, min, max] of one rank's token counts, on their device (no host read)."""
-    tokens = torch.stack([torch.as_tensor(c) for c in counts]).double()
+    """[complete, n, sum, min, max, ignored] of one rank's (token count, targets) pairs, on
+    their device (no host read); `ignored` is the number of targets that were not counted."""
+    tokens = torch.stack([torch.as_tensor(total) for total, _ in counts]).double()
     n = torch.full((1,), float(len(counts)), dtype=torch.float64, device=tokens.device)
-    stats = torch.stack([tokens.sum(), tokens.min(), tokens.max()])
+    stats = torch.stack([tokens.sum(), tokens.min(), tokens.max(), _targets(counts) - tokens.sum()])
     return torch.cat([torch.ones_like(n), n, stats])
 
 
 def local_row(counts: list) -> list[float]:
     """`_row` for one process from one kernel and one host read (`_row` runs eight kernels)."""
-    tokens = torch.stack([torch.as_tensor(c) for c in counts]).tolist()
-    return [1.0, float(len(tokens)), sum(tokens), min(tokens), max(tokens)]
+    tokens = torch.stack([torch.as_tensor(total) for total, _ in counts]).tolist()
+    return [
+        1.0,
+        float(len(tokens)),
+        sum(tokens),
+        min(tokens),
+        max(tokens),
+        _targets(counts) - sum(tokens),
+    ]
 
 
-def _row_of(values: list[list[float]]) -> list[float]:
+def _row_of(values: list[list[float]], targets: float) -> list[float]:
     """`local_row` from token counts already read (`StepReads` values)."""
     tokens = [row[0] for row in values]
-    return [1.0, float(len(tokens)), sum(tokens), min(tokens), max(tokens)]
+    return [1.0, float(len(tokens)), sum(tokens), min(tokens), max(tokens), targets - sum(tokens)]
 
 
 def gathered_rows(counts: list | None) -> list[list[float]]:
     """Every rank's row (zeros for a rank with no complete window): one all_gather, one read."""
     device = distributed.collective_device()
-    row = _row(counts).to(device) if counts else torch.zeros(5, dtype=torch.float64, device=device)
+    row = _row(counts).to(device) if counts else torch.zeros(6, dtype=torch.float64, device=device)
     return distributed.gather(row.unsqueeze(0)).tolist()
 
 
@@ -145,6 +164,8 @@ def judge(rows: list[list[float]], world: int, advice: str = RAW_ADVICE) -> None
     """Report when every rank's window is complete and the measured bias exceeds `token_bias`."""
     if not all(complete for complete, *_ in rows):
         return
+    if not any(row[5] != 0 for row in rows):
+        return  # no target ignored anywhere: the counts differ by batch size only (a short tail)
     n = int(sum(row[1] for row in rows))
     shortest, longest = min(row[3] for row in rows), max(row[4] for row in rows)
     if n < 2 or shortest <= 0:
