@@ -60,6 +60,48 @@ def _refresh_internal_dirs() -> None:
                 _internal_files.clear()  # a file judged before may lie in the new directory
 
 
+# Training frameworks whose loops the user configures but does not write. A finding raised from
+# their code is about how the framework wrote its loop (Lightning's manual_backward inside its own
+# autocast, the HF Trainer's short last batch), which the user cannot act on: it is not reported.
+# The codes in RUN_CODES are about the run or its configuration (fp16 asked for on a CPU, a NaN
+# loss, a schedule sized for another length): those are reported, once, at the user's own frame
+# (the `Trainer(...)` or `trainer.train()` / `trainer.fit()` line).
+_FRAMEWORK_NAMES = ("transformers", "lightning", "pytorch_lightning", "lightning_fabric")
+RUN_CODES = frozenset(("ACL105", "ACL106", "ACL107", "ACL310", "ACL601", "ACL602", "ACL603"))
+_framework_files: dict[str, bool] = {}
+
+
+def _framework_dirs() -> tuple[str, ...]:
+    dirs = []
+    for name in _FRAMEWORK_NAMES:
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if path:
+            dirs.append(os.path.dirname(os.path.abspath(path)) + os.sep)
+    return tuple(dirs)
+
+
+def _is_framework(filename: str) -> bool:
+    known = _framework_files.get(filename)
+    if known is None:
+        known = _framework_files[filename] = filename.startswith(_framework_dirs())
+    return known
+
+
+def _in_framework(location: str | None) -> bool:
+    filename = (location or "").rpartition(":")[0]
+    return bool(filename) and _is_framework(filename)
+
+
+def _beyond_frameworks() -> str | None:
+    """file:line of the innermost frame that is neither internal nor a framework's."""
+    frame = sys._getframe(1)
+    while frame is not None and (
+        _is_internal(frame.f_code.co_filename) or _is_framework(frame.f_code.co_filename)
+    ):
+        frame = frame.f_back
+    return None if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
 class GuardError(RuntimeError):
     """Raised for error-level findings in `raise` mode; `.code` is the catalogue code."""
 
@@ -211,6 +253,10 @@ def report(code: str, message: str, level: Level = "error", location: str | None
     if not enabled(code):
         return
     location = location or _state.location or user_location()
+    if _in_framework(location):
+        if code not in RUN_CODES:
+            return  # the framework's own loop: nothing the user can change
+        location = _beyond_frameworks() or location
     key = (code, location)
     with _lock:
         seen = _state.findings.get(key)

@@ -1,10 +1,14 @@
 """ACL602: an Accelerator that reports fp16/bf16 but trains in fp32.
 
 `Accelerator(cpu=True, mixed_precision="fp16")` keeps `mixed_precision == "fp16"` while
-`native_amp` is False: no scaler, no autocast. Checked once per `prepare` call.
+`native_amp` is False: no scaler, no autocast. Checked at `prepare` and reported once per
+Accelerator (the HF Trainer prepares its loader and its model in two calls: one mistake, one
+finding, which `_report` places at the user's frame when a framework made the calls).
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -14,13 +18,20 @@ CODES = ("ACL602",)
 
 
 def install(tracker) -> None:
-    tracker.subscribe("prepare", _after_prepare)
+    reported: weakref.WeakSet = weakref.WeakSet()
+
+    def after_prepare(accelerator, outputs, **_) -> None:
+        if accelerator not in reported and _judge(accelerator, outputs):
+            reported.add(accelerator)
+
+    tracker.subscribe("prepare", after_prepare)
 
 
-def _after_prepare(accelerator, outputs, **_) -> None:
+def _judge(accelerator, outputs) -> bool:
+    """Report the precision the Accelerator ignores; True when something was reported."""
     requested = str(getattr(accelerator, "mixed_precision", "no"))
     if requested not in ("fp16", "bf16"):
-        return
+        return False
     device = getattr(getattr(accelerator, "device", None), "type", "?")
     if not getattr(accelerator, "native_amp", False):
         report(
@@ -30,7 +41,7 @@ def _after_prepare(accelerator, outputs, **_) -> None:
             "a GPU",
             "warning",
         )
-        return
+        return True
     unwrapped = [
         m for m in outputs if isinstance(m, torch.nn.Module) and not _has_autocast_forward(m)
     ]
@@ -41,6 +52,7 @@ def _after_prepare(accelerator, outputs, **_) -> None:
             "it runs in fp32 despite the configuration",
             "warning",
         )
+    return bool(unwrapped)
 
 
 def _has_autocast_forward(model: torch.nn.Module) -> bool:
