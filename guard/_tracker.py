@@ -49,6 +49,9 @@ Accelerator), `wrapper`, and `extra` (a dict where checks keep their own per-opt
 `ScalerState` (one per GradScaler): `stepped` (optimizer states stepped since the last update),
 `updates`, `skips`, `consecutive_skips`, `last_scale`.
 
+Host reads: checks hand device values to `TRACKER.reads` (`guard._step_reads.StepReads`) instead
+of reading them, so the guard reads the device at most once per optimizer step.
+
 Other readable state: `TRACKER.states` (the live optimizers' `OptState`s, for a cheap test
 before per-micro-step work), `autocast_stack` (open `AutocastFrame`s), `regions_since_backward`
 (enabled, grad-enabled regions entered since the last backward), `accelerator()` (the latest

@@ -1,14 +1,18 @@
 """ACL601: a non-finite loss or gradient about to reach the optimizer.
 
-At each real step, before any parameter changes, the total gradient norm is checked once (one host
-sync per step, nothing per micro-step); when the window was clipped, the norm the clip computed is
-reused. Without a scaler, each backward also keeps a detached reference to its loss (no kernel per
-micro-step); at the step one `isfinite` over all of them is read together with the norm: a NaN loss
-can leave finite gradients (a detached NaN term), which the norm alone misses.
+At each real step, before any parameter changes, the total gradient norm is checked once (nothing
+per micro-step); when the window was clipped, the norm the clip computed is reused. Without a
+scaler, each backward also keeps a detached reference to its loss (no kernel per micro-step); at
+the step the norm and the losses are read in the step's one host read (`guard._step_reads`,
+which carries what the other checks deferred too): a NaN loss can leave finite gradients (a
+detached NaN term), which the norm alone misses. This read must come before the step, since the
+`raise` and `skip` policies act before any weight changes: it is the guard's one host sync per
+step in fp32 and bf16.
 Under a GradScaler, inf gradients are the scaler's business (an overflow: the PyTorch
 gradient-penalty recipe produces them on purpose, and ACL603 reports a persistent streak), so
 there only a NaN loss before scaling is reported, as a warning, since the scaler will skip the
-step. That flag is recorded on the device at `scale()` and read at the step. A loss scaled while
+step. That flag is recorded on the device at `scale()` and deferred at the step to the read the
+tracker makes at `GradScaler.update` (the same step, no read of its own). A loss scaled while
 an earlier scaled loss of the same scaler went to `torch.autograd.grad` instead of backward, and
 that contains the earlier loss (the gradient-penalty recipe: loss + a penalty built from scaled
 gradients), is judged by the earlier loss: a NaN that enters only through the scaled gradients
