@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from linter.model.evaluation import (
-    eval_contexts,
+from linter.model.eval_modes import (
     eval_mode_leaks,
-    grad_free,
     imports_lightning,
     mode_matters,
     sets_eval_mode_anywhere,
 )
+from linter.model.evaluation import eval_contexts, grad_free
 
 
 def check(ctx) -> None:

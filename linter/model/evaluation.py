@@ -92,12 +92,30 @@ def _find_contexts(model) -> list[EvalContext]:
         for stmt in scope.stmts:
             if _has_eval_comprehension(stmt.node):
                 contexts.append(EvalContext("comprehension", stmt.node, scope, [stmt]))
+    frozen = frozen_models(model)
     for context in contexts:
         ids = {id(s) for s in context.stmts}
         context.model_calls = [
-            c for c in context.scope.calls if id(c.stmt) in ids and is_model_call(model, c)
+            c
+            for c in context.scope.calls
+            if id(c.stmt) in ids
+            and is_model_call(model, c)
+            and last_part(unwrapped(c.func or "")) not in frozen
         ]
+        if context.kind == "function" and not _called_per_batch(model, context.scope):
+            context.model_calls = [c for c in context.model_calls if _over_data(c.stmt)]
     return [c for c in contexts if c.model_calls and not _needs_gradients(model, c)]
+
+
+def _over_data(stmt: Stmt) -> bool:
+    """A model call repeated over data: in a loop or a comprehension of its function. A
+    `test()` that builds a model and runs one random batch through it is a smoke test."""
+    return bool(stmt.loops()) or any(isinstance(n, cst.CompFor) for n in walk(stmt.node))
+
+
+def _called_per_batch(model, scope: Scope) -> bool:
+    """An `evaluate(model, batch)` step that the module calls from inside a loop."""
+    return any(call.stmt.loops() for call in callers_of(model, scope))
 
 
 def is_eval_function(scope: Scope) -> bool:
@@ -135,13 +153,13 @@ def model_names(model) -> set[str]:
         names |= {last_part(n) for n in m.setup.ddp_models}
         for call in m.calls:
             if call.method in ("eval", "train") and call.receiver:
-                names.add(last_part(_unwrapped(call.receiver)))
+                names.add(last_part(unwrapped(call.receiver)))
         return names
 
     return model.memo("evaluation.model_names", build)
 
 
-def _unwrapped(text: str) -> str:
+def unwrapped(text: str) -> str:
     parts = text.split(".")
     while len(parts) > 1 and parts[-1] in _WRAPPER_ATTRS:
         parts.pop()
@@ -157,7 +175,7 @@ def is_model_call(model, call: CallSite) -> bool:
         return False
     if model.defines_function(call.call.func) or text in _class_names(model):
         return False
-    name = last_part(_unwrapped(text))
+    name = last_part(unwrapped(text))
     if name in ("eval", "train") or _FACTORY.match(name):
         return False
     return name in model_names(model) or bool(_MODEL_NAME.match(name))
@@ -295,186 +313,15 @@ def _is_no_grad_decorator(node) -> bool:
     return any(word in name for word in _NO_GRAD_WORDS)
 
 
-# modes ------------------------------------------------------------------------------------
-
-
-_MODE_DEPENDENT = re.compile(r"dropout|batch_?norm", re.I)
-
-
-def mode_matters(model) -> bool:
-    """Whether the file shows layers that behave differently in train mode (dropout or
-    BatchNorm; a plain conv net computes the same in both), or trains a `from_pretrained` model
-    (which loads in eval mode, so only a `.train()` call makes its evaluation run in train
-    mode)."""
-
-    def build(m) -> bool:
-        text = m.module.code
-        if _MODE_DEPENDENT.search(text):
-            return True
-        return "from_pretrained" in text and any(c.method == "train" for c in m.calls)
-
-    return model.memo("evaluation.mode_matters", build)
-
-
-def sets_eval_mode_anywhere(model) -> bool:
-    """Any `.eval()` or `.train(<not True>)` in the module: then where the mode is set before an
-    evaluation cannot be ruled out statically, so only a module that never sets it is judged."""
-    for call in model.calls:
-        if call.method == "eval" and not call.call.args:
-            return True
-        if call.method == "train" and call.call.args and not _is_true(call.call.args[0].value):
-            return True
-    return False
-
-
-def _is_true(node) -> bool:
-    return isinstance(node, cst.Name) and node.value == "True"
-
-
-def _is_false(node) -> bool:
-    return isinstance(node, cst.Name) and node.value == "False"
-
-
-def imports_lightning(model) -> bool:
-    return any(
-        full.split(".", 1)[0] in ("lightning", "pytorch_lightning")
-        for full in model.imports.aliases.values()
-    )
-
-
-@dataclass(eq=False)
-class ModeLeak:
-    """`.eval()` run once per epoch with nothing putting the trained model back in train mode."""
-
-    eval_call: CallSite  # the `.eval()` (possibly inside a function the epoch loop calls)
-    epoch_loop: cst.CSTNode
-    model_name: str
-
-
-def eval_mode_leaks(model) -> list[ModeLeak]:
-    return model.memo("evaluation.mode_leaks", _find_mode_leaks)
-
-
-def _find_mode_leaks(model) -> list[ModeLeak]:
-    leaks = {}
-    for loop in model.loops:
-        trained = _trained_models(model, loop)
-        for scope, epoch in _epoch_loops(model, loop):
-            calls = [c for c in scope.calls if any(f.node is epoch for f in c.stmt.frames)]
-            if _may_set_train(model, calls, trained, 0):
-                continue
-            for eval_call, name in _eval_calls(model, calls, 0):
-                if name in trained:
-                    leaks.setdefault(id(eval_call.call), ModeLeak(eval_call, epoch, name))
-    return list(leaks.values())
-
-
-def _trained_models(model, loop) -> set[str]:
-    """Models the training loop calls with gradients on and that are not frozen."""
-    frozen = _frozen_models(model)
-    found = set()
-    for call in loop.scope.calls:
-        in_loop = loop.node is loop.scope.node or any(f.node is loop.node for f in call.stmt.frames)
-        if in_loop and is_model_call(model, call) and not grad_free(model, call.stmt):
-            name = last_part(_unwrapped(call.func or ""))
-            if name not in frozen:
-                found.add(name)
-    return found
-
-
-def _frozen_models(model) -> set[str]:
+def frozen_models(model) -> set[str]:
     """`encoder.requires_grad_(False)`: a frozen helper may stay in eval mode for good."""
     frozen = set()
     for call in model.calls:
         if call.method == "requires_grad_" and call.receiver:
             args = positional(call.call)
             if args and isinstance(args[0], cst.Name) and args[0].value == "False":
-                frozen.add(last_part(_unwrapped(call.receiver)))
+                frozen.add(last_part(unwrapped(call.receiver)))
     return frozen
-
-
-def _epoch_loops(model, loop) -> list[tuple[Scope, cst.CSTNode]]:
-    """The loop around the training loop in its own function, else the loops around the calls of
-    that function (`for epoch ...: train_one_epoch(...)`)."""
-    if loop.node is not loop.scope.node:
-        outer = _loop_around(loop.scope, loop.node)
-        if outer is not None:
-            return [(loop.scope, outer)]
-    found = []
-    for call in callers_of(model, loop.scope):
-        loops = call.stmt.loops()
-        if loops:
-            found.append((call.stmt.scope, loops[-1]))
-    return found
-
-
-def _loop_around(scope: Scope, node: cst.CSTNode) -> cst.CSTNode | None:
-    for stmt in scope.stmts:
-        loops = stmt.loops()
-        if node in loops:
-            index = loops.index(node)
-            return loops[index - 1] if index > 0 else None
-    return None
-
-
-def _may_set_train(model, calls: list[CallSite], trained: set[str], depth: int) -> bool:
-    """A `.train()` in the epoch loop or in a module function it calls; or a call of a function
-    defined elsewhere that is handed a trained model (an imported `train_one_epoch(model, ...)`
-    may switch it back)."""
-    for call in calls:
-        if call.method == "train" and not (call.call.args and _is_false(call.call.args[0].value)):
-            return True  # `.train()`, `.train(True)`, or `.train(mode)` that may switch back
-        callee = model.local_function(call.call.func, call.stmt.scope)
-        if callee is None:
-            if _passes_model(call, trained) and call.method not in ("eval", "train"):
-                return True
-            continue
-        if depth < _MAX_DEPTH and _may_set_train(model, callee.calls, trained, depth + 1):
-            return True
-    return False
-
-
-def _passes_model(call: CallSite, trained: set[str]) -> bool:
-    """`train_one_epoch(model, ...)` or `trainer.fit(model)`: a trained model handed over by
-    name (not a forward's output such as `criterion(model(x), y)`)."""
-    for arg in call.call.args:
-        text = dotted(arg.value)
-        if text is not None and last_part(_unwrapped(text)) in trained:
-            return True
-    return False
-
-
-def _eval_calls(model, calls: list[CallSite], depth: int, names=None) -> list[tuple]:
-    """(the `.eval()` call, the caller's name for its receiver) in `calls` and in the module
-    functions they reach: `evaluate(model)` running `net.eval()` switches `model`."""
-    found = []
-    for call in calls:
-        if call.method == "eval" and not call.call.args:
-            receiver = last_part(_unwrapped(call.receiver or ""))
-            found.append((call, (names or {}).get(receiver, receiver)))
-            continue
-        callee = model.local_function(call.call.func, call.stmt.scope)
-        if callee is not None and depth < _MAX_DEPTH:
-            bound = _bound_names(callee, call, names or {})
-            found.extend(_eval_calls(model, callee.calls, depth + 1, bound))
-    return found
-
-
-def _bound_names(callee: Scope, call: CallSite, outer: dict) -> dict:
-    """The callee's parameter names mapped to the model names the call passes for them."""
-    params = list(callee.params)
-    if callee.class_name is not None and params and params[0] in ("self", "cls"):
-        params = params[1:]
-    bound = {}
-    for index, arg in enumerate(a for a in call.call.args if a.keyword is None and not a.star):
-        if index < len(params) and dotted(arg.value):
-            name = last_part(_unwrapped(dotted(arg.value)))
-            bound[params[index]] = outer.get(name, name)
-    for arg in call.call.args:
-        if arg.keyword is not None and dotted(arg.value):
-            name = last_part(_unwrapped(dotted(arg.value)))
-            bound[arg.keyword.value] = outer.get(name, name)
-    return bound
 
 
 # --show-loops -------------------------------------------------------------------------------
@@ -482,7 +329,8 @@ def _bound_names(callee: Scope, call: CallSite, outer: dict) -> dict:
 
 def describe(model) -> list[dict]:
     """The evaluation contexts found, whether each runs without gradients, and its gathers."""
-    from linter.model.gathers import metric_gathers  # gathers builds on this module
+    from linter.model.eval_modes import eval_mode_leaks  # both build on this module
+    from linter.model.gathers import metric_gathers
 
     entries = []
     for context in eval_contexts(model):

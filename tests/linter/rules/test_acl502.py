@@ -322,3 +322,43 @@ def test_other_frameworks_are_not_judged(acl502):
             outputs = net(batch.data[0])
     """
     assert acl502.findings(source) == []
+
+
+def test_frozen_model_records_no_graph(acl502):
+    source = (
+        DATA
+        + """
+encoder.requires_grad_(False)
+encoder.eval()
+
+def evaluate(loader):
+    return [encoder(x) for x, _ in loader]
+"""
+    )
+    assert acl502.findings(source) == []
+
+
+def test_smoke_test_function_is_not_an_evaluation(acl502):
+    source = """
+    import torch
+
+    def test():
+        net = ResNet18()
+        y = net(torch.randn(1, 3, 32, 32))
+        print(y.size())
+    """
+    assert acl502.findings(source) == []
+
+
+def test_per_batch_evaluate_step_called_from_a_loop(acl502, at):
+    source = """
+    import torch
+
+    def evaluate(model, batch):
+        model.eval()
+        return model(batch["x"])
+
+    for batch in loader:
+        evaluate(model, batch)
+    """
+    assert acl502.findings(source) == [("ACL502", *at(source, 'model(batch["x"])'))]
