@@ -27,10 +27,11 @@ if TYPE_CHECKING:
 
 # "backward" only as a call: prose such as "backward compatible" fills half the files of a library.
 # `(cuda|cpu).amp` and `custom_fwd/bwd` for ACL203 (a model file with only `@custom_fwd`), and
-# `weight_decay` on a line that names an accumulation value for ACL311 (an optimizer factory).
+# `weight_decay` on a line that names an accumulation value for ACL311 (an optimizer factory),
+# `DistributedSampler` for ACL404 (a main that hands the loader to an imported train_one_epoch).
 PREFILTER = re.compile(
     rb"backward\s*\(|autocast|GradScaler|clip_grad|Accelerator|no_sync|zero_grad|gradient_accumulation"
-    rb"|(?:cuda|cpu)(?:\.| import )amp|custom_[fb]wd|weight_decay[^\n]*acc"
+    rb"|(?:cuda|cpu)(?:\.| import )amp|custom_[fb]wd|weight_decay[^\n]*acc|DistributedSampler"
 )
 POOL_THRESHOLD = 32  # files to analyse before a process pool pays for its start-up
 FixMode = Literal["none", "write", "diff"]

@@ -258,6 +258,7 @@ def test_prefilter_words():
         "from torch.cuda import amp",
         "@custom_bwd",
         "AdamW(params, weight_decay=cfg.wd * cfg.grad_accum)",  # ACL311 in an optimizer factory
+        "sampler = DistributedSampler(ds)",  # ACL404 in a main without a backward
     ]:
         assert PREFILTER.search(text.encode()), text
     for text in [
