@@ -83,6 +83,8 @@ def _find_mode_leaks(model) -> list[ModeLeak]:
     for loop in model.loops:
         trained = _trained_models(model, loop)
         for scope, epoch in _epoch_loops(model, loop):
+            if scope is not loop.scope and _sets_mode(loop.scope):
+                continue  # the per-epoch training function picks its own mode (frozen BN too)
             calls = [c for c in scope.calls if any(f.node is epoch for f in c.stmt.frames)]
             if _may_set_train(model, calls, trained, 0):
                 continue
@@ -90,6 +92,12 @@ def _find_mode_leaks(model) -> list[ModeLeak]:
                 if name in trained:
                     leaks.setdefault(id(eval_call.call), ModeLeak(eval_call, epoch, name))
     return list(leaks.values())
+
+
+def _sets_mode(scope: Scope) -> bool:
+    """`model.eval()` / `model.train()` / `model.train_custom()` in the function that trains: a
+    linear probe keeps a frozen backbone in eval mode on purpose, each epoch."""
+    return any((c.method or "").startswith("train") or c.method == "eval" for c in scope.calls)
 
 
 def _trained_models(model, loop) -> set[str]:
@@ -134,7 +142,10 @@ def _may_set_train(model, calls: list[CallSite], trained: set[str], depth: int) 
     defined elsewhere that is handed a trained model (an imported `train_one_epoch(model, ...)`
     may switch it back)."""
     for call in calls:
-        if call.method == "train" and not (call.call.args and _is_false(call.call.args[0].value)):
+        method = call.method or ""
+        if method.startswith("train") and not (
+            call.call.args and _is_false(call.call.args[0].value)
+        ):
             return True  # `.train()`, `.train(True)`, or `.train(mode)` that may switch back
         callee = model.local_function(call.call.func, call.stmt.scope)
         if callee is None:

@@ -102,8 +102,10 @@ def _find_contexts(model) -> list[EvalContext]:
             and is_model_call(model, c)
             and last_part(unwrapped(c.func or "")) not in frozen
         ]
-        if context.kind == "function" and not _called_per_batch(model, context.scope):
-            context.model_calls = [c for c in context.model_calls if _over_data(c.stmt)]
+        if context.kind == "function":
+            over_data = [c for c in context.model_calls if _over_data(c.stmt)]
+            if over_data or not _called_per_batch(model, context.scope):
+                context.model_calls = over_data  # a warm-up forward beside the loop is not it
     return [c for c in contexts if c.model_calls and not _needs_gradients(model, c)]
 
 
@@ -171,8 +173,8 @@ def is_model_call(model, call: CallSite) -> bool:
     Imported callables and the module's own functions and classes (`create_model(...)`,
     `validate_network(...)`) are not models, whatever their name."""
     text = call.func
-    if text is None or model.imports.is_imported(call.call.func):
-        return False
+    if text is None or text.startswith("cls.") or model.imports.is_imported(call.call.func):
+        return False  # `cls.extract_from_model(...)` is a class method
     if model.defines_function(call.call.func) or text in _class_names(model):
         return False
     name = last_part(unwrapped(text))

@@ -41,12 +41,24 @@ def _find_metric_gathers(model) -> list[MetricGather]:
     for context in _gather_contexts(model):
         for stmt in context.stmts:
             for call in _engine_calls(model, stmt, "gather"):
+                if _reduced_at_once(stmt, call.call):
+                    continue
                 sink = _metric_sink(model, context, stmt, call.call)
                 if sink is not None:
                     found.setdefault(
                         id(call.call), MetricGather(call.call, stmt, call.receiver, sink)
                     )
     return sorted(found.values(), key=lambda g: g.stmt.order)
+
+
+def _reduced_at_once(stmt: Stmt, gather: cst.Call) -> bool:
+    """`accelerator.gather(acc1).mean(0)`: per-process summaries averaged on the spot, as
+    `reduce` would (`gather_for_metrics` would cut them by the sample count)."""
+    for node in walk(stmt.node):
+        pair = method_call(node)
+        if pair is not None and pair[0] is gather and pair[1] in ("mean", "sum", "max", "min"):
+            return True
+    return False
 
 
 def _gather_contexts(model) -> list[EvalContext]:

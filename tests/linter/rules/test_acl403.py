@@ -171,3 +171,14 @@ def test_decoded_predictions_truncated_by_hand_are_clean(acl403):
         metric.add_batch(predictions=texts, references=batch["refs"])
     """)
     assert acl403.findings(source) == []
+
+
+def test_per_process_summaries_averaged_on_the_spot_are_clean(acl403):
+    source = with_head("""
+    for x, y in eval_dl:
+        with torch.no_grad():
+            acc1 = accuracy(model(x), y)
+        acc1 = accelerator.gather(acc1).mean(0)
+        meter.update(acc1.item(), x.size(0))
+    """)
+    assert acl403.findings(source) == []

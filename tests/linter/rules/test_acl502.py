@@ -362,3 +362,44 @@ def test_per_batch_evaluate_step_called_from_a_loop(acl502, at):
         evaluate(model, batch)
     """
     assert acl502.findings(source) == [("ACL502", *at(source, 'model(batch["x"])'))]
+
+
+def test_linear_probe_trains_with_its_backbone_in_eval_mode(acl502):
+    source = (
+        DATA
+        + """
+def train(loader, model):
+    model.eval()  # frozen backbone: BatchNorm statistics must not move
+    for x, y in loader:
+        crit(model(x), y).backward()
+        opt.step()
+
+@torch.no_grad()
+def validate(loader, model):
+    model.eval()
+    return [model(x) for x, _ in loader]
+
+for epoch in range(3):
+    train(train_loader, model)
+    validate(val_loader, model)
+"""
+    )
+    assert acl502.findings(source) == []
+
+
+def test_warm_up_forward_beside_the_evaluation_loop_is_not_it(acl502):
+    source = (
+        DATA
+        + """
+def test(model, loader):
+    model.eval()
+    model(torch.zeros(1, 8))  # warm-up
+    with torch.no_grad():
+        for x, _ in loader:
+            model(x)
+
+for weights in all_weights:
+    test(model, loader)
+"""
+    )
+    assert acl502.findings(source) == []
