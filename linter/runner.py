@@ -107,8 +107,8 @@ def run(
 ) -> Report:
     """Lint `files` (each with its settings) and return every file's result.
 
-    `named` holds the absolute paths the user named: a syntax error in one of them is reported
-    even when the prefilter would skip the file (found in a directory walk, it is not)."""
+    `named` holds the absolute paths the user named: those are always analysed, a syntax error
+    in one of them included, even where the prefilter would skip the file in a directory walk."""
     report = Report()
     pending: list[_Pending] = []
     for path, settings in files:
@@ -151,9 +151,9 @@ def _plan(
         data = read_bytes(absolute)
     except SourceError as exc:
         return FileResult(shown, [_file_error(shown, str(exc))], cacheable=False)
-    if not codes or not PREFILTER.search(data):
-        if named and (error := _plain_syntax_error(data, shown)) is not None:
-            return FileResult(shown, [error], cacheable=False)
+    # The prefilter is for directory walks: a file the user names is always analysed (an
+    # evaluation script with no backward can still hold ACL502, ACL403 ...).
+    if not codes or (not named and not PREFILTER.search(data)):
         if cache and stat:
             cache.store(absolute, stat, "", cache_mod.ANY_CODES, [])
         return FileResult(shown)
@@ -264,14 +264,6 @@ def syntax_error(text: str, shown: str, failure) -> Diagnostic:
         return found
     at = Position(failure.line, failure.column)
     return Diagnostic(PARSE_ERROR, f"SyntaxError: {failure.message}", shown, at, at)
-
-
-def _plain_syntax_error(data: bytes, shown: str) -> Diagnostic | None:
-    """ACL000 for a named file the prefilter skips, from CPython's parser alone (no libcst)."""
-    try:
-        return _cpython_syntax_error(data, shown)
-    except (ValueError, OverflowError) as error:
-        return _file_error(shown, f"SyntaxError: {error}")
 
 
 def _cpython_syntax_error(source: str | bytes, shown: str) -> Diagnostic | None:

@@ -140,6 +140,21 @@ def test_named_file_gets_acl000_even_when_the_prefilter_would_skip_it(project, i
         assert result.stdout.startswith("util.py:1:12: ACL000 SyntaxError: ")
 
 
+def test_a_named_file_is_linted_even_when_the_prefilter_would_skip_it(project, invoke):
+    """An evaluation script with no backward (ACL502) gets checked when named."""
+    (project / "val.py").write_text(
+        "import torch\n"
+        "def validate(model, val_loader):\n"
+        "    model.eval()\n"
+        "    for x, y in val_loader:\n"
+        "        out = model(x)\n"
+    )
+    named = invoke("--output-format", "concise", "--select", "ACL502", "val.py")
+    assert "val.py:5:" in named.stdout and "ACL502" in named.stdout, named.output
+    walked = invoke("--output-format", "concise", "--select", "ACL502")
+    assert walked.exit_code == 0 and "ACL502" not in walked.stdout
+
+
 def test_a_walked_file_the_prefilter_skips_is_not_parsed(project, invoke):
     (project / "util.py").write_text("def helper(:\n    pass\n")
     result = invoke("--output-format", "concise")
