@@ -151,7 +151,7 @@ def test_a_named_file_is_linted_even_when_the_prefilter_would_skip_it(project, i
     )
     named = invoke("--output-format", "concise", "--select", "ACL502", "val.py")
     assert "val.py:5:" in named.stdout and "ACL502" in named.stdout, named.output
-    walked = invoke("--output-format", "concise", "--select", "ACL502")
+    walked = invoke("--output-format", "concise", "--select", "ACL502", "--no-cache")
     assert walked.exit_code == 0 and "ACL502" not in walked.stdout
 
 
