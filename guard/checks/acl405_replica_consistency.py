@@ -105,30 +105,48 @@ def _first_param(module) -> list:
     return [first] if first is not None else []
 
 
+def _synced_params(module) -> list:
+    """The parameters a DDP wrapper keeps equal across its ranks: trainable, not in its
+    `parameters_to_ignore` (left local on purpose), not sharded (a DTensor differs by rank)."""
+    ignored = getattr(module, "parameters_to_ignore", ()) or ()
+    return [
+        p
+        for name, p in module.module.named_parameters()
+        if p.requires_grad and name not in ignored and not hasattr(p, "device_mesh")
+    ]
+
+
 def _registered(module) -> _Wrapped:
-    params = [p for p in module.module.parameters() if p.requires_grad]
+    params = _synced_params(module)
     return _Wrapped({id(p) for p in params}, {id(p): p.data_ptr() for p in params})
 
 
-def _replicated_params(optimizer, wrappers) -> list:
-    """The optimizer's trainable parameters that sit in a DDP model now (in the optimizer's
-    order, the same on every rank); parameters of models that are not DDP-wrapped may differ
-    across ranks on purpose and are left out."""
-    in_ddp = {id(p) for m in list(wrappers) for p in m.parameters()}
-    groups = optimizer.param_groups
-    return [p for g in groups for p in g["params"] if p.requires_grad and id(p) in in_ddp]
+def _replicated_params(optimizer, modules) -> list:
+    """The optimizer's parameters that its DDP models keep equal now (in the optimizer's order,
+    the same on every rank); parameters of models that are not DDP-wrapped may differ across
+    ranks on purpose and are left out."""
+    in_ddp = {id(p) for m in modules for p in _synced_params(m)}
+    return [p for g in optimizer.param_groups for p in g["params"] if id(p) in in_ddp]
+
+
+def _collective_device(group) -> torch.device:
+    if torch.distributed.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _compare(reads, optimizer, rep: _Replicas, wrappers, step: int) -> None:
     """Enter the all-reduce of the checksum (every rank at the same step) and defer its read."""
     if rep.differed or distributed.world_size() < 2 or not _report.enabled("ACL405"):
         return
-    params = _replicated_params(optimizer, wrappers)
+    modules = [m for m in list(wrappers) if _trains(m, optimizer)]
+    params = _replicated_params(optimizer, modules)
     if not params:
         return
+    group = getattr(modules[0], "process_group", None)  # the ranks that replicate this model
     local = torch.stack([p.detach().sum(dtype=torch.float64) for p in params]).sum()
-    pair = torch.stack([local, -local]).to(distributed.collective_device())
-    torch.distributed.all_reduce(pair, op=torch.distributed.ReduceOp.MAX)
+    pair = torch.stack([local, -local]).to(_collective_device(group))
+    torch.distributed.all_reduce(pair, op=torch.distributed.ReduceOp.MAX, group=group)
     opt_ref = weakref.ref(optimizer)
     reads.defer([pair], lambda values: _judge(values[0], rep, step, opt_ref(), wrappers))
 

@@ -129,7 +129,20 @@ def rewrapped_every_run(rank: int) -> nn.Module:
     return net
 
 
+def ignored_head_local_on_purpose(rank: int) -> nn.Module:
+    """A per-rank head that DDP is told to leave alone (`parameters_to_ignore`): it differs
+    across ranks by design, the shared trunk stays equal."""
+    net = make_net()
+    torch.manual_seed(10 + rank)
+    net[2] = nn.Linear(WIDTH, 2)
+    DDP._set_params_and_buffers_to_ignore_for_model(net, ["2.weight", "2.bias"])
+    model = DDP(net)
+    train(model, model.parameters(), rank)
+    return net  # the heads differ, by design
+
+
 CASES = {
+    "ignored_head_local_on_purpose": ignored_head_local_on_purpose,
     "rewrapped_every_run": rewrapped_every_run,
     "correct": correct,
     "dtype_round_trip": dtype_round_trip,

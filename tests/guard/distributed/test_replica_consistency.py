@@ -42,6 +42,13 @@ def test_correct_ddp_loops_report_nothing(ranks, case):
         assert row[case] == {"findings": [], "replicas_equal": True}
 
 
+def test_parameters_ddp_ignores_may_differ(ranks):
+    """A head left out of DDP on purpose (`parameters_to_ignore`) differs across ranks, and that
+    is not reported: only what DDP keeps equal is compared."""
+    for row in ranks:
+        assert row["ignored_head_local_on_purpose"] == {"findings": [], "replicas_equal": False}
+
+
 @pytest.mark.parametrize(
     ("case", "when", "cause"),
     [
