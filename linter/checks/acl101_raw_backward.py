@@ -1,0 +1,221 @@
+"""ACL101's static check (the record and docs: `rules/acl101_raw_backward.py`)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from linter.context import make_fix
+from linter.model.accumulation import divides_like_engine
+from linter.model.cst_util import code, dotted, int_value, strip_parens
+from linter.model.loops import same_path
+from linter.types import Edit, Position
+
+
+def check(ctx) -> None:
+    """Report raw backward calls in loops owned by an engine or an enabled GradScaler."""
+    model = ctx.model
+    has_engine = model.setup.constructs_engine()
+    for loop in model.loops:
+        for site in loop.of_kind("backward"):
+            if _already_scaled(model, site) or _other_branch_owns_backward(model, loop, site):
+                continue
+            scaler = _stepping_scaler(model, loop, site)
+            if scaler is not None:
+                _report_scaler(ctx, site, scaler)
+            elif has_engine and _flows_from_prepared(model, site):
+                _report_engine(ctx, site)
+
+
+def _stepping_scaler(model, loop, backward) -> str | None:
+    """The enabled GradScaler this loop steps (or unscales), itself or through a function it
+    calls, in an iteration that runs the backward; a scaler stepped only in another branch
+    (`if scaler is None: loss.backward()`) owns a different path."""
+    for site in loop.of_kind("scaler_step", "unscale"):
+        if not same_path(site.stmt, backward.stmt):
+            continue
+        if model.scaler_role(site.receiver, site.stmt.scope) == "enabled":
+            return site.receiver
+    for call, site in model.step_helper_sites(loop, "scaler_step", "unscale"):
+        if same_path(call, backward.stmt) and _visible_from(site, loop.scope):
+            if model.scaler_role(site.receiver, site.stmt.scope) == "enabled":
+                return site.receiver
+    return None
+
+
+def _visible_from(site, scope) -> bool:
+    """Whether the loop's `scope` can name the scaler that a stepping function uses: one read
+    from an enclosing scope (`def step(): scaler.step(opt)`), or `self.scaler` in a method of
+    the same class."""
+    head = (site.receiver or "").split(".", 1)[0]
+    helper = site.stmt.scope
+    if head == "self":
+        return helper.class_name is not None and helper.class_name == scope.class_name
+    return bool(head) and head not in helper.params and head not in helper.defs
+
+
+def _already_scaled(model, site) -> bool:
+    loss = model.loss_expr(site)
+    func = site.call.func
+    scope = site.stmt.scope
+    if model.is_backward_function(site.call):
+        return loss is not None and model.scaled_loss(loss, scope) is not None
+    if not isinstance(func, cst.Attribute):
+        return False
+    if isinstance(func.value, cst.Name) and model.scale_loss_source(dotted(func.value), scope):
+        return True  # apex: `with amp.scale_loss(loss, opt) as scaled: scaled.backward()`
+    return model.is_scaled_loss(func.value, scope, site.stmt.order)
+
+
+def _other_branch_owns_backward(model, loop, site) -> bool:
+    """`if fp16: scaler.scale(loss).backward() else: loss.backward()`: a deliberate fp32 path."""
+    mine = {(id(f.node), f.holds) for f in site.stmt.frames if f.kind == "if"}
+    for other in loop.backwards:
+        if other is site or not (other.kind == "engine_backward" or _already_scaled(model, other)):
+            continue
+        for frame in other.stmt.frames:
+            if frame.kind == "if" and (id(frame.node), not frame.holds) in mine:
+                return True
+    return False
+
+
+def _flows_from_prepared(model, site) -> bool:
+    """False when the loss visibly comes from models that were never prepared, or comes from
+    nowhere visible in a function that no prepared object can reach."""
+    if not model.setup.prepared:
+        return False  # an Accelerator used only for its device or logging owns no backward
+    scope = site.stmt.scope
+    flow = model.flow(site)
+    if flow is None or not flow.models:
+        return model.prepared_in_reach(scope)
+    return any(model.derives_from_prepared(name, scope) for name in flow.models)
+
+
+def _loss_and_rest(ctx, site):
+    """(loss node, extra argument text) or None when the call cannot be rewritten safely."""
+    call = site.call
+    args = list(call.args)
+    if not ctx.model.is_backward_function(call):
+        loss = call.func.value
+    elif args and args[0].keyword is None and not args[0].star:
+        loss, args = args[0].value, args[1:]
+        if isinstance(loss, (cst.List, cst.Tuple)) or ctx.model.names_a_sequence(loss, site.stmt):
+            return None
+    else:
+        return None
+    if any(a.keyword is None for a in args):
+        return None
+    rest = "".join(f", {a.keyword.value}={ctx.text(a.value)}" for a in args)
+    return loss, rest
+
+
+def _report_engine(ctx, site) -> None:
+    model = ctx.model
+    engine = model.engine_in_scope(site.stmt.scope)
+    name = engine or "accelerator"
+    fix = None
+    parts = _loss_and_rest(ctx, site)
+    if engine is not None and parts is not None:
+        loss, rest = parts
+        loss = _without_engine_division(model, engine, strip_parens(loss))
+        edit = ctx.replace(site.call, f"{engine}.backward({code(loss)}{rest})")
+        edits = [edit, *_named_division_edits(ctx, site, engine, loss)]
+        fix = make_fix(f"Use `{engine}.backward(...)`", *edits)
+    facts = _what_is_bypassed(model, site, name)
+    ctx.report(site.call, f"raw backward bypasses `{name}.backward(loss)`: {facts}", fix)
+
+
+def _what_is_bypassed(model, site, name: str) -> str:
+    """What skipping the engine's backward costs in this file, from its K and precision."""
+    engine = model.engine_for(name, site.stmt.scope)
+    k = engine.accum if engine is not None else None
+    precision = engine.mixed_precision if engine is not None else None
+    if engine is not None and engine.node is not None and k is None and precision is None:
+        precision = "unknown"
+    facts = []
+    if k is not None and int_value(k) != 1:
+        n = str(int_value(k)) if int_value(k) is not None else f"`{code(k)}`"
+        flow = model.flow(site)
+        divisors = flow.divisors if flow is not None else []
+        if any(_is_engine_k(model, name, d) for d in divisors):
+            facts.append(f"the division by {n} is done by hand instead")
+        else:
+            facts.append(
+                f"the gradients of the {n} accumulation steps are summed, not averaged "
+                f"({n} times too large)"
+            )
+    if precision == "fp16":
+        facts.append("the fp16 loss is never scaled")
+    elif precision in (None, "unknown"):
+        facts.append("under fp16 the loss would not be scaled")
+    if len(facts) == 1 and "by hand" in facts[0]:
+        label = "fp32" if precision == "no" else precision
+        facts[0] += f" (right in {label}, but DeepSpeed/FSDP backward handling is skipped)"
+    if not facts:
+        facts.append(
+            f"no accumulation or fp16 is configured ({'fp32' if precision == 'no' else precision}),"
+            " but DeepSpeed/FSDP backward handling is skipped"
+        )
+    return "; ".join(facts)
+
+
+def _named_division_edits(ctx, site, engine: str, loss) -> list:
+    """Undo `loss = loss / K` / `loss /= K` / `loss = expr / K` written just for this backward.
+
+    Only for the statement right before the backward, in the same block, when the name is not
+    read in between: then the engine's own division replaces it and ACL302 has nothing to see.
+    """
+    if not isinstance(loss, cst.Name):
+        return []
+    defs = site.stmt.scope.defs_before(loss.value, site.stmt.order)
+    if not defs:
+        return []
+    d = defs[-1]
+    stmt = d.stmt
+    adjacent = stmt.order == site.stmt.order - 1 and stmt.frames == site.stmt.frames
+    if not adjacent or len(stmt.line.body) != 1 or site.stmt.index != 0:
+        return []
+    model = ctx.model
+    if d.op == "/=" and _is_engine_k(model, engine, d.value):
+        first, last = ctx.span(stmt.line)[0].line, ctx.span(stmt.line)[1].line
+        return [Edit(Position(first, 0), Position(last + 1, 0), "")]
+    value = strip_parens(d.value) if d.op == "=" else None
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Divide):
+        if _is_engine_k(model, engine, value.right):
+            left = strip_parens(value.left)
+            if isinstance(left, cst.Name) and left.value == loss.value:
+                first, last = ctx.span(stmt.line)[0].line, ctx.span(stmt.line)[1].line
+                return [Edit(Position(first, 0), Position(last + 1, 0), "")]
+            return [ctx.replace(d.value, ctx.text(left))]
+    return []
+
+
+def _is_engine_k(model, engine: str, divisor) -> bool:
+    """The division the engine's backward repeats: the same judgement as ACL302's, so that
+    this fix removes exactly the divisions ACL302 would report after it."""
+    return divides_like_engine(model, engine, divisor)
+
+
+def _without_engine_division(model, engine: str, loss):
+    """`loss / K` -> `loss` when K is the engine's own accumulation value (it divides too)."""
+    if not (isinstance(loss, cst.BinaryOperation) and isinstance(loss.operator, cst.Divide)):
+        return loss
+    if _is_engine_k(model, engine, loss.right):
+        return strip_parens(loss.left)
+    return loss
+
+
+def _report_scaler(ctx, site, scaler: str) -> None:
+    parts = _loss_and_rest(ctx, site)
+    fix = None
+    if parts is not None:
+        loss = parts[0]
+        edit = ctx.replace(loss, f"{scaler}.scale({code(strip_parens(loss))})")
+        fix = make_fix(f"Scale the loss with `{scaler}.scale(...)`", edit)
+    known = ctx.model.setup.scalers.get(scaler)
+    when = " when it is enabled" if known is None or known.enabled is None else ""
+    ctx.report(
+        site.call,
+        f"backward of an unscaled loss in a loop that steps `{scaler}`: the fp16 gradients are "
+        f"never scaled{when} (use `{scaler}.scale(loss).backward()`)",
+        fix,
+    )
