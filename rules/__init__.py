@@ -1,7 +1,7 @@
 """The catalogue: one module per code (`rules/acl101_raw_backward.py` ...).
 
-`ALL_RULES` maps a code to its `Rule`. Importing this package never imports libcst or torch;
-a rule module's static `check(ctx)` imports what it needs lazily.
+`ALL_RULES` maps a code to its `Rule`. Importing this package never imports libcst or torch; a
+rule's static check lives in `linter/checks/` under the same module name.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from types import ModuleType
 
 from rules._base import Rule
 
-__all__ = ["ALL_RULES", "Rule", "rule_module", "rule_module_by_name", "get_rule"]
+__all__ = ["ALL_RULES", "Rule", "rule_module", "module_name", "get_rule"]
 
 
 # Listed rather than found with pkgutil, which costs a directory scan on every start-up;
@@ -73,11 +73,6 @@ ALL_RULES: dict[str, Rule] = {code: m.RULE for code, m in _MODULES.items()}
 def rule_module(code: str) -> ModuleType:
     """The module that holds `code`'s metadata and (if any) its static `check`."""
     return _MODULES[code]
-
-
-def rule_module_by_name(name: str) -> ModuleType:
-    """The record module `rules.<name>` (`acl101_raw_backward`)."""
-    return importlib.import_module(f"{__name__}.{name}")
 
 
 def module_name(code: str) -> str:
