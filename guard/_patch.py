@@ -77,3 +77,38 @@ class TransparentWrapper:
 
     def __reduce_ex__(self, protocol: int):
         return self.__wrapped__.__reduce_ex__(protocol)
+
+
+_hidden_hooks: Any = None  # WeakKeyDictionary: module -> ids of its forward hooks the guard owns
+
+
+def hidden_forward_hook(module: Any, hook: Callable) -> Any:
+    """`module.register_forward_hook(hook)` (its caller removes it, also on `uninstall()`), left
+    out of every
+    pickle, `torch.save` and `copy.deepcopy` of the module: a class-level `__reduce_ex__` on
+    `nn.Module` (restored by `restore_all`) drops the guard's hooks from the state it returns,
+    so a checkpoint neither fails on the guard's function nor carries it. A process-wide hook
+    would do without this but makes torch warn at every call of a compiled module."""
+    global _hidden_hooks
+    import weakref
+
+    import torch
+
+    if _hidden_hooks is None or "__reduce_ex__" not in torch.nn.Module.__dict__:
+        _hidden_hooks = weakref.WeakKeyDictionary()
+        patch(torch.nn.Module, "__reduce_ex__", _module_reduce_ex)
+    handle = module.register_forward_hook(hook)
+    _hidden_hooks.setdefault(module, set()).add(handle.id)
+    return handle
+
+
+def _module_reduce_ex(module: Any, protocol: int) -> Any:
+    reduced = object.__reduce_ex__(module, protocol)
+    hidden = _hidden_hooks.get(module) if _hidden_hooks is not None else None
+    if not hidden or len(reduced) < 3 or not isinstance(reduced[2], dict):
+        return reduced
+    state = dict(reduced[2])
+    hooks = state.get("_forward_hooks")
+    if hooks is not None:
+        state["_forward_hooks"] = type(hooks)((k, v) for k, v in hooks.items() if k not in hidden)
+    return (*reduced[:2], state, *reduced[3:])

@@ -10,10 +10,10 @@ counted: several before one backward (or before `model.train()`), with no backwa
 were evaluation without `torch.no_grad()` (a warning; one forward per backward, as in test-time
 adaptation, is fine).
 
-Nothing is attached to the model: the forwards are counted by one process-wide forward hook
-that exists only while a tracked model is in eval mode. A hook on the model itself would be
-pickled with it, and `torch.save(model)` of a checkpoint after evaluation (PyTorch's
-word-language-model example) would fail on the guard's function, or carry it into the file.
+The forwards are counted by a forward hook on the model while it is in eval mode, which
+pickles, `torch.save` and `copy.deepcopy` leave out (`_patch.hidden_forward_hook`): a
+checkpoint of the whole model after evaluation (PyTorch's word-language-model example) must
+neither fail on the guard's function nor carry it into the file.
 """
 
 from __future__ import annotations
@@ -30,60 +30,70 @@ CODES = ("ACL502",)
 
 
 class _EvalForwards:
-    """The models in eval mode (by id, weakly: an evaluated model may be dropped) and the
-    process-wide forward hook that counts their graph-recording forwards."""
+    """The models in eval mode (by id, weakly: an evaluated model may be dropped), each with its
+    counting hook, and the count of their graph-recording forwards."""
 
     def __init__(self, tracker) -> None:
         self.tracker = tracker
-        self.in_eval: dict[int, tuple] = {}  # id(module) -> (weakref, optimizer states it had)
+        self.in_eval: dict[int, tuple] = {}  # id(module) -> (weakref, hook handle, states)
         self.forwards = 0
         self.module_name = ""
-        self.hook = None
 
     def add(self, module) -> None:
         trained = [st for st in self.tracker.owners(list(module.parameters())) if st.steps]
-        self.in_eval[id(module)] = (weakref.ref(module, self._collected(id(module))), trained)
-        if self.hook is None:
-            register = torch.nn.modules.module.register_module_forward_hook
-            self.hook = register(self._after_forward)
+        handle = _patch.hidden_forward_hook(module, _count_forward)
+        ref = weakref.ref(module, self._collected(id(module)))
+        self.in_eval[id(module)] = (ref, handle, trained)
+        _COUNTERS[id(module)] = self
         self.tracker.establish("eval")
 
     def _collected(self, key: int):
-        def drop(_ref) -> None:
+        def forget(_ref) -> None:
             self.in_eval.pop(key, None)
-            self._drop_hook_if_idle()
+            _COUNTERS.pop(key, None)
 
-        return drop
+        return forget
 
     def discard(self, module) -> bool:
         """Stop tracking `module`; True when it was tracked."""
-        found = self.in_eval.pop(id(module), None) is not None
-        self._drop_hook_if_idle()
-        return found
-
-    def _drop_hook_if_idle(self) -> None:
-        if not self.in_eval and self.hook is not None:
-            self.hook.remove()
-            self.hook = None
+        entry = self.in_eval.pop(id(module), None)
+        if entry is None:
+            return False
+        entry[1].remove()
+        _COUNTERS.pop(id(module), None)
+        return True
 
     def remove(self) -> None:
-        """Forget every tracked model and drop the hook (`guard.uninstall()`)."""
+        """Forget every tracked model and drop its hook (`guard.uninstall()`)."""
+        for key, (_ref, handle, _trained) in list(self.in_eval.items()):
+            handle.remove()
+            _COUNTERS.pop(key, None)
         self.in_eval.clear()
-        self._drop_hook_if_idle()
 
-    def _after_forward(self, module, _inputs, output) -> None:
-        if id(module) not in self.in_eval or torch.compiler.is_compiling():
-            return
+    def count(self, module, output) -> None:
         if not module.training and torch.is_grad_enabled() and records_graph(output):
             self.forwards += 1
             self.module_name = type(module).__name__
 
     def tracked(self):
         """(module, optimizer states that had trained it) for each live tracked module."""
-        for ref, trained in list(self.in_eval.values()):
+        for ref, _handle, trained in list(self.in_eval.values()):
             module = ref()
             if module is not None:
                 yield module, trained
+
+
+_COUNTERS: dict[int, _EvalForwards] = {}  # id(module in eval) -> its counter
+
+
+def _count_forward(module, _inputs, output) -> None:
+    """The hook: a module-level function, found through `_COUNTERS` (a copy of the model that
+    kept the hook by other means than pickling would find no counter and count nothing)."""
+    if torch.compiler.is_compiling():
+        return
+    counter = _COUNTERS.get(id(module))
+    if counter is not None:
+        counter.count(module, output)
 
 
 def install(tracker) -> None:
@@ -114,7 +124,7 @@ def install(tracker) -> None:
 
 def _is_trainable_model(module) -> bool:
     """A model (it has children) with a trainable parameter: a frozen teacher or VAE kept in
-    eval mode records no graph through its weights, so it is not worth a hook on every module."""
+    eval mode records no graph through its weights."""
     if next(module.children(), None) is None:
         return False
     return any(p.requires_grad for p in module.parameters())
