@@ -82,7 +82,13 @@ class StepReads:
 
 def _read_together(parts: list) -> list[list[float]]:
     """The elements of each tensor, from one `.tolist()` of their concatenation (float64 keeps
-    token counts and inf/NaN exact)."""
+    token counts and inf/NaN exact). The usual step (a norm and 0-dim losses of one dtype and
+    device) takes one `stack` instead."""
+    if all(p.dim() == 0 and p.dtype == parts[0].dtype for p in parts):
+        try:
+            return [[v] for v in torch.stack(parts).tolist()]
+        except RuntimeError:  # on different devices: the general path moves them
+            pass
     device = parts[0].device
     flat = [torch.as_tensor(p).detach().reshape(-1).to(device, torch.float64) for p in parts]
     values = torch.cat(flat).tolist()
