@@ -14,13 +14,17 @@ RULE = Rule(
 ## What it does
 Flags `.item()` on, or a logger call (`print`, `writer.add_scalar`, `wandb.log`, `logger.info`,
 `accelerator.log`, a progress bar's `set_postfix`, ...) reading, a loss that the loop divided by
-K (`loss = loss / K`, `loss /= K`, `.div(K)`) or bound to `scaler.scale(...)`, when it runs on
-every micro-step. Loss-named values divided by K count also when the backward runs inside a
-helper the linter cannot see. As a hint, it flags `.item()` on the undivided loss on every
-micro-step of a manual accumulation window. Not flagged: a value multiplied back by K, window
-sums (`window += loss.item()`, `window_sum / N`), the loss of `accelerator.backward` (the engine
-divides a copy; `accelerator.gather(loss)` too), and logs on the update step or under a
-log-interval condition (`if step % args.logging_steps == 0:`).
+K (`loss = loss / K`, `loss /= K`, `.div(K)`) or bound to `scaler.scale(...)`, at any cadence:
+on every micro-step, on the update step, under a log-interval condition (`if step % 50 == 0:`)
+or after a micro-step loop (nanoGPT's `lossf = loss.item()` without its `* K`). Logging it
+rarely does not make it the loss. Loss-named values divided by K count also when the backward
+runs inside a helper the linter cannot see. As a hint (severity info), it flags `.item()` on
+the undivided loss on every micro-step of a manual accumulation window (also into a running
+sum, `running += loss.item()`): not on the update step or under a step or log-interval
+condition, where one sync per window or less is the right cadence. Not flagged: a value
+multiplied back by K, window sums of the divided parts (`window += loss.item()`,
+`window_sum / N`), and the loss of `accelerator.backward` (the engine divides a copy;
+`accelerator.gather(loss)` too).
 
 ## Why is this bad?
 The number in the logs is not the training objective. After a manual `/ N` it is N times too small

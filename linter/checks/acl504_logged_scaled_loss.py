@@ -1,4 +1,4 @@
-"""ACL504: a per-micro-step log of a loss divided by K or multiplied by the loss scale."""
+"""ACL504: a log of a loss divided by K or multiplied by the loss scale, at any cadence."""
 
 from __future__ import annotations
 

@@ -2,18 +2,21 @@
 
 A *logged read* is `.item()` on a name (also through `.detach()`, `.float()`, ...) or a logger
 call (`print`, `writer.add_scalar`, `wandb.log`, `logger.info`, `accelerator.log`, a progress
-bar's `set_postfix`) whose arguments mention it. It is reported when it runs on every micro-step
-and reads:
+bar's `set_postfix`) whose arguments mention it. Reported:
 
-- the loss a backward reads, after the loop divided it by K (`loss = loss / K`, `loss /= K`) or
-  bound it to `scaler.scale(...)`; also a loss-named value divided by K in a loop whose backward
-  happens inside a helper the linter cannot see (`loss_scaler(loss, opt)`);
-- as a hint, the undivided loss of a manual accumulation window, through `.item()` (a device
-  sync on every micro-step, and a single micro-batch's value).
+- at any cadence (every micro-step, on the update step, under `if step % 50 == 0:`, or after a
+  micro-step loop in the loop around it), a read of the loss a backward reads after the loop
+  divided it by K (`loss = loss / K`, `loss /= K`) or bound it to `scaler.scale(...)`: the value
+  is K times too small or S times too large however rarely it is logged; also a loss-named value
+  divided by K in a loop whose backward happens inside a helper the linter cannot see
+  (`loss_scaler(loss, opt)`);
+- as a hint, `.item()` of the undivided loss on every micro-step of a manual accumulation
+  window (a device sync each time), also into a running sum (`running += loss.item()`); not
+  under a step or log-interval condition, where it runs once per window or less.
 
-Not reported: a value multiplied back by K, a window sum (`window += loss.item()`, the sum of
-the `loss / K` of a window is its mean), the loss of an engine backward (the engine divides a
-copy), and logs on the update step or under a log-interval condition.
+Not reported: a value multiplied back by K, a window sum of the divided parts
+(`window += loss.item()`, the sum of the `loss / K` of a window is its mean), and the loss of
+an engine backward (the engine divides a copy).
 """
 
 from __future__ import annotations
@@ -57,8 +60,13 @@ _LOGGER_METHODS = {
 }
 _NOT_LOGGERS = ("torch.", "math.", "numpy.", "np.", "scipy.")
 _READ_THROUGH = {"detach", "float", "cpu", "mean", "clone", "sum"}
-# An `if` that logs only now and then: a modulo, a sync gate, or a test naming a step or cadence.
-_CADENCE = re.compile(r"%|sync_gradients|step|iter|log|interval|freq|every|print|report", re.I)
+# An `if` that logs only now and then: a modulo, a sync gate, a comparison with a step or
+# iteration counter, or a flag named for a step or cadence (`if is_log_step:`). A switch that
+# turns logging on (`if wandb_log:`, `if log_writer is not None:`) logs on every micro-step.
+_CADENCE_ALWAYS = re.compile(r"%|sync_gradients")
+_CADENCE_NAME = re.compile(
+    r"(^|_)(steps?|iters?|iterations?|interval|freq|frequency|every)(_|\d|$)", re.I
+)
 DIVIDED, SCALED, EVERY_MICRO_STEP = "divided", "scaled", "every micro-step"
 
 
@@ -126,8 +134,8 @@ def _of_backward(model: Model, loop: TrainingLoop, site: Site) -> list[LoggedLos
             return []
         kind = EVERY_MICRO_STEP
     k = gate.k if gate is not None and gate.k is not None else (ks[0] if ks else None)
-    window = _Window(site.stmt.scope, loop.node, loop)
     after = binding if binding is not None else site.stmt
+    window = _Window(site.stmt.scope, _outermost_loop(after, loop.node, kind), loop)
     return _logged_reads(model, window, name, binding, after, kind, k, ks)
 
 
@@ -144,10 +152,18 @@ def _divided_without_backward(model: Model) -> list[LoggedLoss]:
                 loops = d.stmt.loops()
                 if not loops or not _divides_by_k(model, d, ks) or _is_training(model, loops[-1]):
                     continue
-                window = _Window(scope, loops[-1], None)
+                window = _Window(scope, loops[0], None)
                 k = _divisor(d)
                 found += _logged_reads(model, window, name, d.stmt, d.stmt, DIVIDED, k, ks)
     return found
+
+
+def _outermost_loop(after: Stmt, node: cst.CSTNode, kind: str) -> cst.CSTNode:
+    """Where a read still sees the divided or scaled value: anywhere in the outermost loop of
+    the function around the binding (nanoGPT logs after its micro-step loop). The hint is about
+    the training loop's own micro-steps."""
+    loops = after.loops()
+    return loops[0] if kind != EVERY_MICRO_STEP and loops else node
 
 
 def _is_training(model: Model, node: cst.CSTNode) -> bool:
@@ -208,8 +224,11 @@ def _is_k(node: cst.BaseExpression, ks) -> bool:
 
 def _logged_reads(model, window, name, binding, after, kind, k, ks) -> list[LoggedLoss]:
     found = []
+    hint = kind == EVERY_MICRO_STEP
     for stmt in _reading_statements(window, name, after):
-        if _only_now_and_then(model, window, stmt) or _sums_a_window(stmt):
+        if hint and _only_now_and_then(model, window, stmt):
+            continue  # a sync once per window or less is the right place for `.item()`
+        if not hint and _sums_a_window(stmt):
             continue
         for node in _reads(model, stmt, name, items_only=kind == EVERY_MICRO_STEP):
             if not _multiplied_back(stmt, node, name, ks):
@@ -238,13 +257,43 @@ def _in_loop(stmt: Stmt, node: cst.CSTNode) -> bool:
 
 
 def _only_now_and_then(model: Model, window: _Window, stmt: Stmt) -> bool:
-    """Logging on the update step or under a log-interval condition (`if step % 100 == 0:`,
-    `if global_step % args.logging_steps == 0:`) is not per micro-step."""
+    """`.item()` on the update step or under a log-interval condition (`if step % 100 == 0:`,
+    `if global_step % args.logging_steps == 0:`) does not sync on every micro-step."""
     if window.training is not None and model.on_update_step(window.training, stmt):
         return True
-    for frame in stmt.frames_inside(window.node):
-        if frame.kind in ("if", "exit") and _CADENCE.search(code(frame.test)):
+    return any(
+        frame.kind in ("if", "exit") and _is_cadence(frame.test)
+        for frame in stmt.frames_inside(window.node)
+    )
+
+
+def _is_cadence(test: cst.BaseExpression) -> bool:
+    if _CADENCE_ALWAYS.search(code(test)):
+        return True
+    for sub in walk(test):
+        if isinstance(sub, cst.Comparison) and any(_counts(n) for n in walk(sub)):
             return True
+        if isinstance(sub, (cst.Name, cst.Attribute)) and _is_flag(test, sub) and _counts(sub):
+            return True
+    return False
+
+
+def _counts(node: cst.CSTNode) -> bool:
+    """A name for a step, an iteration or a cadence (`global_step`, `iter_num`, `log_every`)."""
+    if isinstance(node, cst.Attribute):
+        node = node.attr
+    return isinstance(node, cst.Name) and bool(_CADENCE_NAME.search(node.value))
+
+
+def _is_flag(test: cst.BaseExpression, node: cst.CSTNode) -> bool:
+    """`node` is the whole test or an operand of `and`/`or`/`not`, not part of a comparison."""
+    test = strip_parens(test)
+    if test is node:
+        return True
+    if isinstance(test, cst.BooleanOperation):
+        return _is_flag(test.left, node) or _is_flag(test.right, node)
+    if isinstance(test, cst.UnaryOperation):
+        return _is_flag(test.expression, node)
     return False
 
 

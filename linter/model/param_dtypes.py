@@ -1,7 +1,8 @@
 """Parameter dtypes: which models are cast to fp16 / bf16 (`.half()`, `.to(torch.float16)`,
 `.to(dtype=...)`, `torch_dtype=...`), whether their parameters reach an optimizer, and whether
 they are frozen (`requires_grad_(False)`, a loop that turns `requires_grad` off, an adapter
-wrapper). Read by ACL107; the dtype words are those of `linter.model.precision`.
+wrapper; the last switch before training wins, so a later `requires_grad_(True)` unfreezes).
+Read by ACL107; the dtype words are those of `linter.model.precision`.
 """
 
 from __future__ import annotations
@@ -44,6 +45,15 @@ class ParamCast:
     frozen: bool  # `requires_grad_(False)`, gradients turned off in a loop, or an adapter wrapper
 
 
+@dataclass(frozen=True)
+class _GradSwitch:
+    """A statement that turns a model's gradients off (`requires_grad_(False)`, a loop setting
+    `p.requires_grad = False`, an adapter wrapper) or back on (`requires_grad_(True)`)."""
+
+    stmt: Stmt
+    frozen: bool
+
+
 def param_casts(model) -> list[ParamCast]:
     return model.memo("precision.param_casts", _build_param_casts)
 
@@ -58,7 +68,7 @@ def accumulates(model) -> bool:
 
 def _build_param_casts(model) -> list[ParamCast]:
     trained = _trained_names(model)
-    frozen = frozen_names(model)
+    switches = grad_switches(model)
     found = []
     for scope in model.scopes:
         for stmt in scope.stmts:
@@ -68,8 +78,22 @@ def _build_param_casts(model) -> list[ParamCast]:
                 continue
             reaches = any(_sees(scope, user, target) for user in trained.get(target, ()))
             reaches = reaches and not _after_training(model, stmt)
-            found.append(ParamCast(target, cast[0], cast[1], stmt, reaches, target in frozen))
+            frozen = _frozen_for(model, switches.get(target, []), stmt)
+            found.append(ParamCast(target, cast[0], cast[1], stmt, reaches, frozen))
     return found
+
+
+def _frozen_for(model, switches: list[_GradSwitch], cast: Stmt) -> bool:
+    """Whether the cast model is frozen when training starts: the last switch of the cast's
+    function before its first training loop (or the cast itself, when later) wins, as Python
+    runs them (`requires_grad_(False)` early, `requires_grad_(True)` later trains it). Switches
+    only elsewhere (a helper, inside the loop): any freeze counts."""
+    starts = [s.stmt.order for loop in model.loops if loop.scope is cast.scope for s in loop.sites]
+    limit = max(min(starts, default=float("inf")), cast.order)
+    local = [w for w in switches if w.stmt.scope is cast.scope and w.stmt.order <= limit]
+    if local:
+        return max(local, key=lambda w: w.stmt.order).frozen
+    return any(w.frozen for w in switches)
 
 
 def _sees(cast_scope, optimizer_scope, name: str) -> bool:
@@ -214,48 +238,75 @@ def _is_optimizer_call(model, site) -> bool:
 
 
 def frozen_names(model) -> set[str]:
-    """Models kept out of training (see `_build_frozen`)."""
-    return model.memo("precision.frozen", _build_frozen)
-
-
-def _build_frozen(model) -> set[str]:
-    """Models kept out of training: `requires_grad_(False)` (chained or on its own line), a loop
-    over `.parameters()` that turns `requires_grad` off, or an adapter wrapper (`get_peft_model`)
-    whose trainable weights are created in fp32."""
+    """Models that some function leaves frozen: its last gradient switch of the model is a
+    freeze (see `grad_switches`)."""
     found = set()
-    for scope in model.scopes:
-        for stmt in scope.stmts:
-            target, chain = _cast_chain(stmt)
-            if any(_freezes(model, call) for call in chain):
-                found.add(target)
-        for loop in scope.loops:
-            if isinstance(loop, cst.For):
-                frozen = _loop_freezes(loop)
-                if frozen is not None:
-                    found.add(frozen)
+    for name, switches in grad_switches(model).items():
+        last: dict[int, _GradSwitch] = {}
+        for switch in switches:
+            last[id(switch.stmt.scope)] = switch  # statement order within each function
+        if any(switch.frozen for switch in last.values()):
+            found.add(name)
     return found
 
 
-def _freezes(model, call: cst.Call) -> bool:
+def grad_switches(model) -> dict[str, list[_GradSwitch]]:
+    """Per model name, the statements that freeze or unfreeze it, in statement order."""
+    return model.memo("precision.grad_switches", _build_switches)
+
+
+def _build_switches(model) -> dict[str, list[_GradSwitch]]:
+    """`requires_grad_(False / True)` (chained or on its own line), a loop over `.parameters()`
+    that sets `requires_grad` unconditionally, or an adapter wrapper (`get_peft_model`) whose
+    trainable weights are created in fp32 (a freeze)."""
+    found: dict[str, list[_GradSwitch]] = {}
+    for scope in model.scopes:
+        for stmt in scope.stmts:
+            target, chain = _cast_chain(stmt)
+            for call in reversed(chain):  # innermost first: `.requires_grad_(False).half()`
+                frozen = _switches(model, call)
+                if frozen is not None:
+                    found.setdefault(target, []).append(_GradSwitch(stmt, frozen))
+            looped = _loop_switch(stmt)
+            if looped is not None:
+                found.setdefault(looped[0], []).append(_GradSwitch(stmt, looped[1]))
+    return found
+
+
+def _switches(model, call: cst.Call) -> bool | None:
+    """True for a freeze, False for an unfreeze (`requires_grad_()`, `requires_grad_(True)`)."""
     pair = method_call(call)
-    if pair and pair[1] == "requires_grad_" and call.args and is_false(call.args[0].value):
+    if pair and pair[1] == "requires_grad_":
+        if not call.args:
+            return False
+        value = call.args[0].value
+        if is_false(value):
+            return True
+        return False if isinstance(value, cst.Name) and value.value == "True" else None
+    if last_part(model.imports.qualify(call.func)) in _ADAPTERS or code(call.func) in _ADAPTERS:
         return True
-    return last_part(model.imports.qualify(call.func)) in _ADAPTERS or code(call.func) in _ADAPTERS
+    return None
 
 
-def _loop_freezes(loop: cst.For) -> str | None:
-    """`X` for `for p in X.parameters(): p.requires_grad = False` (not for a loop that freezes
-    only some layers under an `if`)."""
+def _loop_switch(stmt: Stmt) -> tuple[str, bool] | None:
+    """(`X`, frozen) for `p.requires_grad = False / True` directly in the body of
+    `for p in X.parameters():` (not under an `if`: a loop that freezes only some layers)."""
+    node = stmt.node
+    if not isinstance(node, cst.Assign) or not stmt.frames or stmt.frames[-1].kind != "loop":
+        return None
+    if not any(
+        isinstance(t.target, cst.Attribute) and t.target.attr.value == "requires_grad"
+        for t in node.targets
+    ):
+        return None
+    loop = stmt.frames[-1].node
+    if not isinstance(loop, cst.For):
+        return None
     pair = method_call(loop.iter)
     if pair is None or pair[1] not in _PARAMETER_METHODS or dotted(pair[0]) is None:
         return None
-    body = loop.body.body if isinstance(loop.body, cst.IndentedBlock) else [loop.body]
-    lines = [line for line in body if isinstance(line, cst.BaseSuite | cst.SimpleStatementLine)]
-    for small in (s for line in lines for s in line.body):  # unconditional: not a partial freeze
-        if isinstance(small, cst.Assign) and is_false(small.value):
-            if any(
-                isinstance(t.target, cst.Attribute) and t.target.attr.value == "requires_grad"
-                for t in small.targets
-            ):
-                return dotted(pair[0])
+    if is_false(node.value):
+        return dotted(pair[0]), True
+    if isinstance(node.value, cst.Name) and node.value.value == "True":
+        return dotted(pair[0]), False
     return None

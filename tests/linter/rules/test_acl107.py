@@ -292,3 +292,43 @@ def test_a_cast_after_the_training_loop_is_for_evaluation(acl107):
     assert acl107.findings(source) == []
     before = source.replace("        for x in dl:", "        model.half()\n        for x in dl:")
     assert acl107.findings(before) != []
+
+
+UNFROZEN_LATER = """
+import torch
+from accelerate import Accelerator
+
+accelerator = Accelerator(mixed_precision="fp16")
+unet = UNet2DConditionModel.from_pretrained(name)
+vae = AutoencoderKL.from_pretrained(name)
+unet.requires_grad_(False)
+vae.requires_grad_(False)
+unet.requires_grad_(True)
+unet.half()
+vae.to(accelerator.device, dtype=torch.float16)
+optimizer = torch.optim.AdamW(unet.parameters(), lr=1e-4)
+unet, optimizer = accelerator.prepare(unet, optimizer)
+for batch in dl:
+    loss = unet(vae.encode(batch)).mean()
+    accelerator.backward(loss)
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+def test_a_later_unfreeze_trains_the_cast_model(acl107, at):
+    """The last `requires_grad_` before training wins: frozen, then unfrozen, is trained."""
+    assert acl107.findings(UNFROZEN_LATER) == [("ACL107", *at(UNFROZEN_LATER, "half()"))]
+    looped = UNFROZEN_LATER.replace(
+        "unet.requires_grad_(True)", "for p in unet.parameters():\n    p.requires_grad = True"
+    )
+    assert acl107.findings(looped) == [("ACL107", *at(looped, "half()"))]
+
+
+def test_frozen_again_after_the_unfreeze_or_the_cast(acl107):
+    refrozen = UNFROZEN_LATER.replace(
+        "unet.requires_grad_(True)", "unet.requires_grad_(True)\nunet.requires_grad_(False)"
+    )
+    assert acl107.findings(refrozen) == []
+    after_cast = UNFROZEN_LATER.replace("unet.half()", "unet.half()\nunet.requires_grad_(False)")
+    assert acl107.findings(after_cast) == []

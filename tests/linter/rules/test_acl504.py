@@ -154,8 +154,141 @@ def test_undivided_loss_under_the_engine_backward(acl504):
     assert acl504.findings(source) == []
 
 
-def test_logging_under_a_log_interval(acl504):
+def test_a_divided_loss_is_wrong_at_any_cadence(acl504, at):
+    """Logging every 50 steps does not make a K-th of the loss the loss."""
     source = manual('if i % args.logging_steps == 0:\n        print("loss", loss.item())')
+    assert acl504.findings(source) == [("ACL504", *at(source, "print("))]
+
+
+def test_divided_loss_logged_in_the_step_branch(acl504, at):
+    source = """
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter()
+    for step, batch in enumerate(train_loader):
+        loss = model(**batch).loss
+        loss = loss / args.accum_steps
+        loss.backward()
+        if (step + 1) % args.accum_steps == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+            writer.add_scalar("loss/train", loss.item(), step)
+    """
+    assert acl504.findings(source) == [("ACL504", *at(source, "writer.add_scalar"))]
+    assert "K = `args.accum_steps`" in acl504.diagnostics(source)[0].message
+
+
+def test_scaled_loss_logged_under_a_log_interval(acl504, at):
+    source = """
+    import torch
+    import wandb
+
+    scaler = torch.amp.GradScaler("cuda")
+    for step, (x, y) in enumerate(dl):
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = crit(model(x), y)
+        scaled = scaler.scale(loss)
+        scaled.backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        if step % 50 == 0:
+            wandb.log({"loss/train": scaled.item()})
+    """
+    assert acl504.findings(source) == [("ACL504", *at(source, "wandb.log"))]
+    assert "loss scale" in acl504.diagnostics(source)[0].message
+
+
+NANOGPT_STYLE = """
+while True:
+    for micro_step in range(grad_accum):
+        with ctx:
+            _, loss = model(X, Y)
+            loss = loss / grad_accum
+        X, Y = get_batch("train")
+        scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    if iter_num % log_interval == 0 and master_process:
+        lossf = LOSSF
+        print(f"iter {iter_num}: loss {lossf:.4f}")
+    iter_num += 1
+"""
+
+
+def test_divided_loss_read_after_the_micro_step_loop_at_a_log_interval(acl504, at):
+    source = NANOGPT_STYLE.replace("LOSSF", "loss.item()")
+    assert acl504.findings(source) == [("ACL504", *at(source, "loss.item()"))]
+
+
+def test_divided_loss_multiplied_back_after_the_micro_step_loop(acl504):
+    assert acl504.findings(NANOGPT_STYLE.replace("LOSSF", "loss.item() * grad_accum")) == []
+
+
+MICRO_LOOP_HINT = """
+import wandb
+
+while iter_num < max_iters:
+    running = 0.0
+    for micro_step in range(accum):
+        _, loss = model(X, Y)
+        X, Y = get_batch("train")
+        (loss / accum).backward()
+        LOG
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+"""
+
+
+def test_hint_for_item_inside_a_micro_step_loop(acl504, at):
+    for log, needle in (
+        ("running += loss.item()", "loss.item()"),
+        ("print(loss.item())", "print("),
+        ('wandb.log({"loss": loss.item()})', "wandb.log"),
+        ('if wandb_log:\n            wandb.log({"loss": loss.item()})', "wandb.log"),
+    ):
+        source = MICRO_LOOP_HINT.replace("LOG", log)
+        assert acl504.findings(source) == [("ACL504", *at(source, needle))], log
+        assert acl504.diagnostics(source)[0].severity == "info"
+
+
+def test_no_hint_once_per_window_after_a_micro_step_loop(acl504):
+    source = MICRO_LOOP_HINT.replace("LOG", "pass").replace(
+        "    optimizer.step()", "    print(loss.item())\n    optimizer.step()"
+    )
+    assert acl504.findings(source) == []
+
+
+def test_hint_under_a_switch_that_is_not_a_cadence(acl504, at):
+    """`if log_writer is not None:` turns logging on; it still runs on every micro-step."""
+    source = """
+    for it, (x, y) in enumerate(loader):
+        loss = crit(model(x), y)
+        (loss / accum_iter).backward()
+        if log_writer is not None:
+            log_writer.add_scalar("train_loss", loss.item(), it)
+        if (it + 1) % accum_iter == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+    assert acl504.findings(source) == [("ACL504", *at(source, "log_writer.add_scalar"))]
+
+
+def test_no_hint_under_a_log_interval(acl504):
+    source = """
+    for i, (x, y) in enumerate(dl):
+        loss = crit(model(x), y)
+        (loss / N).backward()
+        if i % args.logging_steps == 0:
+            print("loss", loss.item())
+        if global_step > 0 and is_log_step:
+            print("loss", loss.item())
+        if (i + 1) % N == 0:
+            opt.step()
+            opt.zero_grad()
+            writer.add_scalar("train/loss", loss.item(), i)
+    """
     assert acl504.findings(source) == []
 
 
