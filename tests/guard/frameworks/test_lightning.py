@@ -6,12 +6,10 @@ as a framework)."""
 
 from __future__ import annotations
 
-import pytest
+import lightning.pytorch as pl  # the dev extra installs it
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-
-pl = pytest.importorskip("lightning.pytorch")  # the "frameworks" test extra
 
 N = 4
 
