@@ -41,7 +41,8 @@ def _accumulation_gate(model, loop):
 # `with m.no_sync():` around the backward only -------------------------------------------------
 def _too_late_regions(ctx, loop, gate) -> bool:
     """`with m.no_sync():` blocks that hold a backward but not the forward: DDP reads the flag
-    in forward, so the block changes nothing. Blocks that hold the forward are correct."""
+    in forward, so the block changes nothing. Blocks that hold the forward (or a call handed
+    the model, which may run it) are correct."""
     model = ctx.model
     found = False
     for region in dist.no_sync_regions(model, loop.scope):
@@ -52,19 +53,30 @@ def _too_late_regions(ctx, loop, gate) -> bool:
             continue
         held = dist.ddp_held_by(model, region.target, loop.scope) or region.target
         calls = [c for c in model.calls_in_with(region.with_node)]
-        if dist.forward_calls(model, calls, held):
+        if dist.forward_calls(model, calls, held) or dist.calls_handed(model, calls, held):
+            continue
+        forwards = dist.forward_calls(model, dist.loop_calls(model, loop), held)
+        if not forwards and _forward_bypasses_ddp(model, loop, held):
             continue
         found = True
-        forwards = dist.forward_calls(model, dist.loop_calls(model, loop), held)
         fix, note = _move_forward_in(ctx, loop, gate, region, forwards)
+        line = ctx.line_of(region.bound.stmt.line) if region.bound else 0
         ctx.report(
-            region.call,
-            f"`{code(region.call)}` holds the backward but not `{region.target}`'s forward: DDP "
-            "decides in forward whether to all-reduce, so every micro-step still all-reduces",
+            region.where,
+            f"{region.spelled(line)} holds the backward but not `{region.target}`'s forward: "
+            "DDP decides in forward whether to all-reduce, so every micro-step still all-reduces",
             fix,
             notes=(note,) if note else (),
         )
     return found
+
+
+def _forward_bypasses_ddp(model, loop, held) -> bool:
+    """The loop runs the model only through `held.module(...)`: nothing all-reduces at all
+    (ACL405's one finding); where `no_sync` must go is asked again once it calls `held`."""
+    if not isinstance(held, dist.DDPModel):
+        return False
+    return bool(dist.module_calls(model, held, dist.loop_calls(model, loop)))
 
 
 def _in_with(stmt, with_node) -> bool:
@@ -76,9 +88,16 @@ def _move_forward_in(ctx, loop, gate, region, forwards):
         return None, "no fix: no accumulation step gate was found to make `no_sync` conditional"
     if len(region.with_node.items) != 1 or not forwards:
         return None, "no fix: move the forward into the `no_sync()` block by hand"
+    if region.bound is not None and not region.conditional:
+        return None, f"no fix: move the forward into `with {code(region.item.item)}:` by hand"
     block, first, last = _common_block(loop, gate, [forwards[0].stmt.line, region.with_node])
     if block is None or block[last] is not region.with_node:
         return None, "no fix: the forward and the `no_sync()` block are in different blocks"
+    if region.bound is not None and _index_holding(block, region.bound.stmt.line) in range(
+        first, last
+    ):
+        name = code(region.item.item)
+        return None, f"no fix: bind `{name}` first, then move the forward into `with {name}:`"
     context = _conditional_context(ctx, loop, gate, block, first, last, code(region.call))
     if isinstance(context, str):
         return None, context

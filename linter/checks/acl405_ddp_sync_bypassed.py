@@ -71,9 +71,10 @@ def _no_sync_around_step(ctx, loop) -> None:
             inside = any(f.node is region.with_node for f in step.stmt.frames)
             if inside and id(region.with_node) not in seen:
                 seen.add(id(region.with_node))
+                line = ctx.line_of(region.bound.stmt.line) if region.bound else 0
                 ctx.report(
-                    region.call,
-                    f"`{code(region.call)}` also covers the optimizer step at line "
+                    region.where,
+                    f"{region.spelled(line)} also covers the optimizer step at line "
                     f"{ctx.line_of(step.call)}: the window's gradients are never all-reduced "
                     "before the update, so the replicas diverge",
                     notes=("leave the micro-step that steps outside `no_sync()`",),

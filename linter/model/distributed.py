@@ -186,6 +186,16 @@ def forward_calls(model: Model, calls: list[CallSite], held: DDPModel | str) -> 
     return [c for c in calls if _runs_forward(model, c.call, c.stmt.scope, held, 0)]
 
 
+def calls_handed(model: Model, calls: list[CallSite], held: DDPModel | str) -> list[CallSite]:
+    """Calls given the model as an argument (`criterion(model, batch)`, whatever the callee's
+    name): in a `no_sync()` block that holds the backward, such a call may run the forward."""
+    return [
+        c
+        for c in calls
+        if any(_is_model(model, dotted(a.value), c.stmt.scope, held) for a in c.call.args)
+    ]
+
+
 def _is_model(model: Model, text: str | None, scope: Scope, held: DDPModel | str) -> bool:
     if isinstance(held, str):
         return text == held
@@ -280,17 +290,61 @@ class NoSync:
     conditional: bool  # one arm of a conditional expression
     target: str | None  # the model it is for
     frames: tuple = ()  # the frames of the block's statements (the `with` included)
+    bound: Def | None = None  # `ctx = <context>` when the `with` enters a name (`with ctx:`)
+
+    @property
+    def where(self) -> cst.CSTNode:
+        """Where to report: the `no_sync()` call, or the name in `with ctx:`."""
+        return self.call if self.bound is None else self.item.item
+
+    def spelled(self, line: int) -> str:
+        """How a message names the region (`line`: the line of the name's binding)."""
+        if self.bound is None:
+            return f"`{code(self.call)}`"
+        name = code(self.item.item)
+        verb = "may be" if self.conditional else "is"
+        return f"`with {name}:` (`{name}` {verb} `{code(self.call)}`, line {line})"
 
 
 def no_sync_regions(model: Model, scope: Scope) -> list[NoSync]:
     found = []
     for with_node, frames in scope.withs:
         for item in with_node.items:
-            for node, conditional in _context_calls(item.item, False):
-                enters, target = _no_sync_target(node)
-                if enters:
-                    found.append(NoSync(with_node, item, node, conditional, target, frames))
+            contexts = _entered(model, item.item, scope, frames)
+            for context, bound in contexts:
+                for node, conditional in _context_calls(context, len(contexts) > 1):
+                    enters, target = _no_sync_target(node)
+                    if enters:
+                        region = NoSync(with_node, item, node, conditional, target, frames, bound)
+                        found.append(region)
     return found
+
+
+def _entered(model: Model, expr, scope: Scope, frames: tuple) -> list[tuple]:
+    """(context, the binding it comes from) for each context a `with` may enter: `with ctx:`
+    after `ctx = nullcontext() if last else model.no_sync()` enters that value (the region
+    code resolves `with ctx:` for autocast alike). Bindings in branches the `with` is not in
+    are alternatives, back to one that always runs before it."""
+    text = dotted(expr)
+    if text is None:
+        return [(expr, None)]
+    body = [s.order for s in scope.stmts if frames[-1] in s.frames]
+    defs = scope.defs_before(text, min(body)) if body else []
+    if not defs and text not in scope.defs and text not in scope.params:
+        defs = model.module_defs(text)
+    found = []
+    for d in reversed(defs):
+        if d.op != "=" or d.tuple_index is not None:
+            break
+        found.append((d.value, d))
+        if d.stmt.scope is scope and _dominates(d.stmt.frames, frames):
+            break
+    return found or [(expr, None)]
+
+
+def _dominates(binding: tuple, block: tuple) -> bool:
+    """A binding whose frames all surround the block runs on every path to it."""
+    return block[: len(binding)] == binding
 
 
 def _context_calls(node, conditional: bool):
@@ -548,15 +602,39 @@ def _reached_kinds(model: Model, node: cst.CSTNode, scope: Scope, depth: int) ->
 def sets_epoch(model: Model, node: cst.CSTNode, scope: Scope, foreign: set[str], depth=0) -> bool:
     """A `.set_epoch(` call in `node` (or in a module function called there) on anything but
     another known sampler or loader (`foreign`)."""
-    for c in scope.calls:
-        if not _inside(c.stmt, node):
-            continue
-        if c.method == "set_epoch" and not _names_foreign(c.receiver, foreign):
+    calls = [(c.call, c.method, c.receiver) for c in scope.calls if _inside(c.stmt, node)]
+    calls += [_call_parts(call) for call in _header_calls(node)]
+    for call, method, receiver in calls:
+        if method == "set_epoch" and not _names_foreign(receiver, foreign):
             return True
-        callee = model.local_function(c.call.func, scope) if depth < 2 else None
+        callee = model.local_function(call.func, scope) if depth < 2 else None
         if callee is not None and sets_epoch(model, callee.node, callee, foreign, depth + 1):
             return True
     return False
+
+
+def _header_calls(node: cst.CSTNode):
+    """Calls in the headers of loops, `if`s and `with`s nested in `node`: they run once per
+    pass of `node` too (`for x, y in start_epoch(loader, epoch):` in the epoch loop), but the
+    scope's calls hold only those of small statements."""
+    for sub in walk(node):
+        if sub is node:
+            continue  # the epoch loop's own header runs once, before the first epoch
+        if isinstance(sub, cst.For):
+            headers = [sub.iter]
+        elif isinstance(sub, (cst.While, cst.If)):
+            headers = [sub.test]
+        elif isinstance(sub, cst.With):
+            headers = [item.item for item in sub.items]
+        else:
+            continue
+        for header in headers:
+            yield from (n for n in walk(header) if isinstance(n, cst.Call))
+
+
+def _call_parts(call: cst.Call) -> tuple[cst.Call, str | None, str | None]:
+    pair = method_call(call)
+    return call, pair[1] if pair else None, dotted(pair[0]) if pair else None
 
 
 def _names_foreign(receiver: str | None, foreign: set[str]) -> bool:

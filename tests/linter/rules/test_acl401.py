@@ -493,3 +493,118 @@ def test_forward_that_runs_only_on_the_update_step(acl401):
 """
     )
     assert acl401.findings(source) == []
+
+
+HELD_IN_A_NAME = """
+from contextlib import nullcontext
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+class Runner:
+    def __init__(self, net, rank, k):
+        self.ddp = DDP(net, device_ids=[rank])
+        self.amp = torch.amp.GradScaler("cuda")
+        self.k = k
+
+    def epoch(self, batches):
+        for n, (src, tgt) in enumerate(batches):
+            final = (n + 1) % self.k == 0
+            BEFORE
+            loss = self.loss_fn(self.ddp(src), tgt)
+            AFTER
+            with sync_ctx:
+                self.amp.scale(loss / self.k).backward()
+            if final:
+                self.amp.step(self.opt)
+                self.amp.update()
+"""
+
+
+def test_no_sync_held_in_a_name_around_the_backward_only(acl401, at):
+    binding = "sync_ctx = nullcontext() if final else self.ddp.no_sync()"
+    after = HELD_IN_A_NAME.replace("            BEFORE\n", "").replace("AFTER", binding)
+    assert acl401.findings(after) == [("ACL401", *at(after, "sync_ctx:"))]
+    (diagnostic,) = acl401.diagnostics(after)
+    assert diagnostic.message.startswith(
+        "`with sync_ctx:` (`sync_ctx` may be `self.ddp.no_sync()`, line 17) holds the backward"
+    )
+    assert diagnostic.fix is None
+    assert diagnostic.notes == (
+        "no fix: bind `sync_ctx` first, then move the forward into `with sync_ctx:`",
+    )
+    before = HELD_IN_A_NAME.replace("BEFORE", binding).replace("            AFTER\n", "")
+    assert acl401.findings(before) == [("ACL401", *at(before, "sync_ctx:"))]
+    expected = (
+        "            with sync_ctx:\n"
+        "                loss = self.loss_fn(self.ddp(src), tgt)\n"
+        "                self.amp.scale(loss / self.k).backward()\n"
+        "            if final:\n"
+    )
+    assert expected in acl401.fixed(before, unsafe=True)
+    plain = after.replace("nullcontext() if final else self.ddp.no_sync()", "self.ddp.no_sync()")
+    assert acl401.findings(plain) == [("ACL401", *at(plain, "sync_ctx:"))]
+    (diagnostic,) = acl401.diagnostics(plain)
+    assert diagnostic.fix is None
+
+
+def test_no_sync_held_in_a_name_around_the_forward_is_not_flagged(acl401):
+    binding = "sync_ctx = nullcontext() if final else self.ddp.no_sync()"
+    source = HELD_IN_A_NAME.replace("BEFORE", binding).replace("            AFTER\n", "")
+    source = source.replace(
+        "            loss = self.loss_fn(self.ddp(src), tgt)\n            with sync_ctx:\n",
+        "            with sync_ctx:\n                loss = self.loss_fn(self.ddp(src), tgt)\n",
+    )
+    assert "with sync_ctx:\n                loss" in source
+    assert acl401.findings(source) == []
+
+
+def test_forward_through_module_is_acl405s_finding_not_acl401s(acl401, acl405, at):
+    source = (
+        HEADER
+        + """from contextlib import nullcontext
+for i, (x, lens, y) in enumerate(dl):
+    update = (i + 1) % N == 0
+    FORWARD_OUT
+    with (nullcontext() if update else model.no_sync()):
+        FORWARD_IN
+        (crit(out, y) / N).backward()
+    if update:
+        opt.step(); opt.zero_grad()
+"""
+    )
+    forward = "out = model.module(x, lens)"
+    inside = source.replace("    FORWARD_OUT\n", "").replace("FORWARD_IN", forward)
+    outside = source.replace("FORWARD_OUT", forward).replace("        FORWARD_IN\n", "")
+    for bypassed in (inside, outside):
+        assert acl401.findings(bypassed) == []
+        assert acl405.findings(bypassed) == [("ACL405", *at(bypassed, "model.module("))]
+    # once ACL405's fix calls the wrapper, a forward left outside `no_sync` is ACL401's again
+    fixed = outside.replace("model.module(x, lens)", "model(x, lens)")
+    assert acl401.findings(fixed) == [("ACL401", *at(fixed, "model.no_sync()"))]
+
+
+def test_no_sync_chosen_in_if_branches_and_a_criterion_handed_the_model(acl401, at):
+    source = (
+        HEADER
+        + """from contextlib import nullcontext
+for i, batch in enumerate(dl):
+    if (i + 1) % N != 0:
+        quiet = model.no_sync()
+    else:
+        quiet = nullcontext()
+    FORWARD_OUT
+    with quiet:
+        FORWARD_IN
+        scaler.scale(loss).backward()
+    if (i + 1) % N == 0:
+        scaler.step(opt); scaler.update()
+"""
+    )
+    forward = "loss, stats = objective(model, batch)"
+    outside = source.replace("FORWARD_OUT", forward).replace("        FORWARD_IN\n", "")
+    assert acl401.findings(outside) == [("ACL401", *at(outside, "quiet:"))]
+    (diagnostic,) = acl401.diagnostics(outside)
+    assert "(`quiet` may be `model.no_sync()`, line 9)" in diagnostic.message
+    inside = source.replace("    FORWARD_OUT\n", "").replace("FORWARD_IN", forward)
+    assert acl401.findings(inside) == []

@@ -135,6 +135,33 @@ def test_set_epoch_in_a_helper_called_in_the_epoch_loop(acl404):
     assert acl404.findings(source) == []
 
 
+HEADER_HELPER = """
+from torch.utils.data import DataLoader, DistributedSampler
+
+def begin_pass(loader, epoch):
+    BODY
+    return iter(loader)
+
+sampler = DistributedSampler(ds, shuffle=True)
+dl = DataLoader(ds, batch_size=16, sampler=sampler)
+for epoch in range(epochs):
+    for x, y in begin_pass(dl, epoch):
+        crit(model(x), y).backward()
+        opt.step(); opt.zero_grad()
+"""
+
+
+def test_helper_called_in_the_inner_loop_header_is_in_the_epoch_loop(acl404, at):
+    told = HEADER_HELPER.replace("BODY", "loader.sampler.set_epoch(epoch)")
+    assert acl404.findings(told) == []
+    untold = HEADER_HELPER.replace("BODY", "print(epoch)")
+    assert acl404.findings(untold) == [("ACL404", *at(untold, "for epoch"))]
+    other = HEADER_HELPER.replace("BODY", "val_sampler.set_epoch(epoch)").replace(
+        "for epoch", "val_sampler = DistributedSampler(val_ds)\nfor epoch"
+    )
+    assert acl404.findings(other) == [("ACL404", *at(other, "for epoch"))]
+
+
 def test_must_not_flag_cases(acl404):
     shuffle_off = SCRIPT.replace("shuffle=True", "shuffle=False").replace("    SET_EPOCH\n", "")
     positional_off = SCRIPT.replace("shuffle=True", "None, None, False").replace(

@@ -134,3 +134,27 @@ def test_no_sync_around_the_optimizer_step(acl405, at):
         "with model.no_sync():", "with nullcontext() if (i + 1) % K == 0 else model.no_sync():"
     )
     assert acl405.findings(conditional) == []
+
+
+def test_no_sync_held_in_a_name_around_the_optimizer_step(acl405, at):
+    source = (
+        HEADER
+        + """for i, (x, y) in enumerate(dl):
+    quiet = model.no_sync()
+    with quiet:
+        loss = crit(model(x), y) / K
+        loss.backward()
+        if (i + 1) % K == 0:
+            opt.step(); opt.zero_grad()
+"""
+    )
+    assert acl405.findings(source) == [("ACL405", *at(source, "quiet:"))]
+    (diagnostic,) = acl405.diagnostics(source)
+    assert diagnostic.message.startswith(
+        "`with quiet:` (`quiet` is `model.no_sync()`, line 6) also covers the optimizer step"
+    )
+    branch = source.replace(
+        "    quiet = model.no_sync()\n",
+        "    quiet = model.no_sync()\n    if (i + 1) % K == 0:\n        quiet = nullcontext()\n",
+    )
+    assert acl405.findings(branch) == []
