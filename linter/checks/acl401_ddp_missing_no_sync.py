@@ -246,7 +246,7 @@ def _conditional_context(ctx, loop, gate, block, first, last, no_sync: str):
 def _update_condition(ctx, loop, gate, start):
     """(test text, whether the update step is where it holds), readable before `start`."""
     if gate.kind == "micro-loop":
-        index = dist._range_index(gate.node)
+        index = dist.range_index(gate.node)
         if index is None:
             return None
         return f"{index} == {_operand(gate.k)} - 1", True
