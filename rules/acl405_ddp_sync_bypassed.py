@@ -18,7 +18,8 @@ a backward (not `model.module` for saving, attributes, generation or evaluation 
 false on the micro-steps that step the optimizer (a literal `False`, or an expression of the
 micro-step index and K, such as `micro_step == K` in `for micro_step in range(K)`, evaluated for
 several K; an expression the linter cannot evaluate is trusted); and an unconditional
-`with <ddp>.no_sync():` that holds the optimizer step.
+`with <ddp>.no_sync():` (or a `with ctx:` whose `ctx` is bound to it) that holds the optimizer
+step.
 
 ## Why is this bad?
 The gradients of the DDP model are never all-reduced on the steps that count, so the replicas
@@ -49,6 +50,11 @@ through DDP's hooks. The other forms have no fix.
 
 ## At runtime
 The guard's DDP communication hook counts all-reduces; an optimizer step with no all-reduce since
-the previous one (world size > 1) reports ACL405.
+the previous one (world size > 1) reports ACL405. A replica-consistency check also compares one
+checksum of the trainable parameters across ranks (one small all-reduce) before and after the first
+optimizer step and then every `replica_every` steps (100; `guard.configure(replica_every=M)` or
+`ACCEL_GUARD_REPLICA_EVERY`), and reports the first step at which the replicas differed, with the
+likely cause when it is known (parameters replaced or re-created after wrapping, a sync flag left
+off, no initial broadcast).
 """,
 )
