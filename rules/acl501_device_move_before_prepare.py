@@ -16,8 +16,10 @@ Flags `.cuda()`, `.cuda(0)`, `.to("cuda")`, `.to("cuda:0")`, `.to(torch.device("
 `.to(device)` with `device` bound to such a literal (or to `"cuda" if ... else "cpu"`), applied to
 a model before that model is passed to `accelerator.prepare` in the same function: in the model's
 assignment chain (`model = Net().cuda()`) or as its own statement (`model.cuda()`). Devices from
-`accelerator.device` or `LOCAL_RANK`, dtype-only moves, `Accelerator(device_placement=False)` and
-models never passed to `prepare` are left alone.
+`accelerator.device` or `LOCAL_RANK`, dtype-only moves and `Accelerator(device_placement=False)`
+are left alone. A model that is never passed to `prepare` (a frozen VAE, a teacher: built by a
+class or `from_pretrained`) and is moved to a fixed CUDA device gets a hint (severity `info`, no
+fix): it still needs a placement, and `.to(accelerator.device)` is the rank's own.
 
 ## Why is this bad?
 Before the engine places the model, `"cuda"` means `cuda:0` on every rank, so all processes first

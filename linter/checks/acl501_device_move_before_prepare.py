@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from linter.context import make_fix
 from linter.model.cst_util import code
-from linter.model.setup_facts import early_device_moves, moves_freely
+from linter.model.setup_facts import early_device_moves, moves_freely, unprepared_model_moves
 from linter.types import Edit, Position
 
 
@@ -22,6 +22,13 @@ def check(ctx) -> None:
             f"`{code(engine)}.prepare`: every rank first loads it onto GPU 0 (let `prepare` "
             f"place it, or use `{code(engine)}.device`)",
             fix,
+        )
+    for move in unprepared_model_moves(ctx.model):
+        ctx.report(
+            (ctx.span(move.call.func.attr)[0], ctx.span(move.call)[1]),
+            f"hint: `{move.model_name}` is never passed to `prepare` and is moved to a fixed CUDA "
+            f"device: every rank puts its copy on GPU 0 (use `.to({move.engine}.device)`)",
+            severity="info",
         )
 
 

@@ -382,3 +382,73 @@ def _harmless_use(node, name: str) -> bool:
         if isinstance(sub, cst.Name) and sub.value == name and id(sub) not in allowed:
             return False
     return True
+
+
+@dataclass(eq=False)
+class HelperMove:
+    """`.cuda()` / `.to("cuda")` on a model no `prepare` places (a frozen VAE, a teacher)."""
+
+    call: cst.Call
+    model_name: str
+    engine: str  # the engine whose `.device` is the rank's own
+
+
+def unprepared_model_moves(model) -> list[HelperMove]:
+    """Models that never go through `prepare` still need a placement, and a fixed CUDA device
+    puts every rank's copy on GPU 0: the rank's device is `<engine>.device`."""
+    return model.memo("setup_facts.unprepared_model_moves", _find_helper_moves)
+
+
+def _find_helper_moves(model) -> list[HelperMove]:
+    engines = [
+        e
+        for e in model.setup.engines.values()
+        if e.kind in ("accelerate", "guard") and _engine_places(e)
+    ]
+    if not engines:
+        return []
+    placed = {p.original for p in model.setup.prepared.values()} | set(model.setup.prepared)
+    found = []
+    for scope in model.scopes:
+        for stmt in scope.stmts:
+            node = stmt.node
+            value = node.value if isinstance(node, (cst.Assign, cst.Expr)) else None
+            move = _move_in_chain(model, value, scope) if isinstance(value, cst.Call) else None
+            if move is None:
+                continue
+            name = _moved_model(model, move[0], node)
+            if name is not None and name not in placed:
+                found.append(HelperMove(move[0], name, engines[0].name))
+    return found
+
+
+def _moved_model(model, call: cst.Call, statement) -> str | None:
+    """The name of the model a move applies to, when the value is visibly a model: built by a
+    class (`Net()`) or loaded with `from_pretrained`; a tensor (`torch.randn(...)`, a batch)
+    is not one."""
+    receiver = call.func.value
+    if isinstance(receiver, cst.Call):
+        target = statement.targets[0].target if isinstance(statement, cst.Assign) else None
+        name = dotted(target) if target is not None else None
+        return name if name and _builds_model(model, receiver) else None
+    name = dotted(receiver)
+    if name is None:
+        return None
+    values = [d.value for d in model.module_defs(name) if d.op == "=" and d.tuple_index is None]
+    return name if values and all(_builds_model(model, v) for v in values) else None
+
+
+def _builds_model(model, value) -> bool:
+    """`Net(...)`, `AutoencoderKL.from_pretrained(...)` (also inside a chain such as
+    `Net().eval()`)."""
+    while isinstance(value, cst.Call):
+        func = value.func
+        text = dotted(func) or ""
+        if last_part(text) == "from_pretrained":
+            return True
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Call):
+            value = func.value  # a method of a chain: look at what it was called on
+            continue
+        head = last_part(text)
+        return bool(head) and head[0].isupper() and not text.startswith(("torch.", "np."))
+    return False

@@ -139,16 +139,49 @@ def test_device_placement_off_is_clean(acl501):
     assert acl501.findings(source) == []
 
 
-def test_models_never_prepared_are_clean(acl501):
+def test_a_model_never_prepared_gets_a_hint_without_a_fix(acl501, at):
+    """The catalogue: frozen helpers still need a placement; suggest the rank's own device."""
     source = """
     from accelerate import Accelerator
 
     accelerator = Accelerator()
-    vae = AutoencoderKL().cuda()  # frozen helper, never prepared
+    vae = AutoencoderKL.from_pretrained(path).cuda()  # frozen helper, never prepared
+    teacher = Teacher()
+    teacher.to("cuda")
     unet = UNet()
     unet = accelerator.prepare(unet)
     """
-    assert acl501.findings(source) == []
+    (vae, teacher) = acl501.diagnostics(source)
+    assert [(d.start.line, d.start.column) for d in (vae, teacher)] == [
+        at(source, "cuda()"),
+        at(source, 'to("cuda")'),
+    ]
+    assert vae.severity == "info" and vae.fix is None
+    assert "use `.to(accelerator.device)`" in teacher.message
+    assert acl501.fixed(source) == textwrap.dedent(source)
+
+
+def test_helpers_on_the_ranks_device_tensors_and_scripts_without_an_engine_are_clean(acl501):
+    for source in [
+        """
+        from accelerate import Accelerator
+
+        accelerator = Accelerator()
+        vae = AutoencoderKL.from_pretrained(path).to(accelerator.device)
+        x = torch.randn(4, 3).cuda()
+        batch = batch.to("cuda")
+        """,
+        """
+        vae = AutoencoderKL.from_pretrained(path).cuda()  # no engine: a single-GPU script
+        """,
+        """
+        from accelerate import Accelerator
+
+        accelerator = Accelerator(device_placement=False)
+        teacher = Teacher().cuda()
+        """,
+    ]:
+        assert acl501.findings(source) == [], source
 
 
 def test_move_after_prepare_is_clean(acl501):
