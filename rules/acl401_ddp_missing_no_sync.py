@@ -21,8 +21,8 @@ context, an `ExitStack`, a name bound to it, a module function the loop calls) a
 `require_backward_grad_sync`. Reported at the forward. Also flags a `with m.no_sync():` or
 `with accelerator.no_sync(m):` block (or `with ctx:` where `ctx` is bound to `m.no_sync()` or to
 `nullcontext() if last else m.no_sync()`) that holds a backward but not `m`'s forward, reported at
-the context. A forward through `m.module(...)` is ACL405's finding, not this one. Not flagged: `accelerator.accumulate()`, `sync_each_batch=True`, FSDP, DeepSpeed, apex
-and fairscale wrappers.
+the context. A forward through `m.module(...)` is ACL405's finding, not this one. Not flagged:
+`accelerator.accumulate()`, `sync_each_batch=True`, FSDP, DeepSpeed, apex and fairscale wrappers.
 
 ## Why is this bad?
 DDP all-reduces gradients in every backward unless the forward ran under `no_sync()`. With N-step
