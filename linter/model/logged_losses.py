@@ -135,6 +135,8 @@ def _of_backward(model: Model, loop: TrainingLoop, site: Site) -> list[LoggedLos
         kind = EVERY_MICRO_STEP
     k = gate.k if gate is not None and gate.k is not None else (ks[0] if ks else None)
     after = binding if binding is not None else site.stmt
+    if kind == EVERY_MICRO_STEP:
+        after = _loss_binding(site, name) or after
     window = _Window(site.stmt.scope, _outermost_loop(after, loop.node, kind), loop)
     return _logged_reads(model, window, name, binding, after, kind, k, ks)
 
@@ -156,6 +158,13 @@ def _divided_without_backward(model: Model) -> list[LoggedLoss]:
                 k = _divisor(d)
                 found += _logged_reads(model, window, name, d.stmt, d.stmt, DIVIDED, k, ks)
     return found
+
+
+def _loss_binding(site: Site, name: str) -> Stmt | None:
+    """Where the micro-step's loss is made: an `.item()` between it and the backward
+    (`running += loss.item()` before `(loss / K).backward()`) syncs on every micro-step too."""
+    defs = site.stmt.scope.defs_before(name, site.stmt.order)
+    return defs[-1].stmt if defs else None
 
 
 def _outermost_loop(after: Stmt, node: cst.CSTNode, kind: str) -> cst.CSTNode:

@@ -362,3 +362,21 @@ def test_other_values_divided_by_k_are_not_losses(acl504):
         loss_scaler(criterion(model(x), y), optimizer)
     """
     assert acl504.findings(source) == []
+
+
+def test_hint_for_an_item_read_before_the_backward_of_the_same_micro_step(acl504, at):
+    """`running += loss.item()` between the forward and `(loss / K).backward()` syncs on every
+    micro-step as much as a read after the backward does."""
+    source = """
+    for it in range(max_iters):
+        running = 0.0
+        for micro_step in range(grad_accum):
+            logits, loss = model(*get_batch("train"))
+            running += loss.item()
+            (loss / grad_accum).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    """
+    (finding,) = acl504.diagnostics(source)
+    assert (finding.start.line, finding.start.column) == at(source, "loss.item()")
+    assert finding.severity == "info"
