@@ -279,20 +279,6 @@ def exclusive(a: tuple[Frame, ...], b: tuple[Frame, ...]) -> bool:
     return any(sides.get(id(f.node), f.holds) != f.holds for f in b if f.kind in ("if", "exit"))
 
 
-def callers(model) -> dict[int, list[CallSite]]:
-    """id(scope) -> the module's calls of that function (direct calls only)."""
-    return model.memo("accumulation.callers", _callers)
-
-
-def _callers(model) -> dict[int, list[CallSite]]:
-    found: dict[int, list[CallSite]] = {}
-    for call in model.calls:
-        callee = model.local_function(call.call.func, call.stmt.scope)
-        if callee is not None:
-            found.setdefault(id(callee), []).append(call)
-    return found
-
-
 def entered_accumulate(model, stmt: Stmt, depth: int = 0) -> bool:
     """Whether `stmt` runs inside an `accumulate()` block, in its own function or in a caller
     that calls its function from inside one."""
@@ -300,7 +286,7 @@ def entered_accumulate(model, stmt: Stmt, depth: int = 0) -> bool:
         return True
     if depth >= _MAX_DEPTH or not isinstance(stmt.scope.node, cst.FunctionDef):
         return False
-    calls = callers(model).get(id(stmt.scope), [])
+    calls = model.graph.callers(stmt.scope)
     return any(entered_accumulate(model, c.stmt, depth + 1) for c in calls)
 
 

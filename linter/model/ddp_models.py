@@ -259,18 +259,3 @@ def ddp_models_in(model: Model, loop: TrainingLoop) -> list[tuple[DDPModel, Call
         if forwards:
             found.append((held, forwards[0]))
     return found
-
-
-def callers_of(model: Model, scope: Scope) -> list[CallSite]:
-    """This module's calls of the function `scope` (built once per module)."""
-    table = model.memo("callers", _callers)
-    return table.get(id(scope), [])
-
-
-def _callers(model: Model) -> dict[int, list[CallSite]]:
-    table: dict[int, list[CallSite]] = {}
-    for c in model.calls:
-        callee = model.local_function(c.call.func, c.stmt.scope)
-        if callee is not None:
-            table.setdefault(id(callee), []).append(c)
-    return table

@@ -24,7 +24,7 @@ from linter.model.functions import Def, Scope
 
 if TYPE_CHECKING:
     from linter.model import Model, TrainingLoop
-from linter.model.ddp_models import DDPModel, callers_of, ddp_held_by, inside, loop_calls
+from linter.model.ddp_models import DDPModel, ddp_held_by, inside, loop_calls
 
 _SYNC_WORDS = {"no_sync", "require_backward_grad_sync"}
 
@@ -131,7 +131,7 @@ def mentions_sync_control(model: Model, loop: TrainingLoop) -> bool:
 def _caller_controls_sync(model: Model, scope: Scope) -> bool:
     """A per-batch function whose callers run it under `accumulate()` or in a loop that
     controls the sync (`sync_context = partial(accelerator.no_sync, model=model)`)."""
-    for call in callers_of(model, scope):
+    for call in model.graph.callers(scope):
         if model.regions_around(call.stmt, "accumulate"):
             return True
         loops = call.stmt.loops()

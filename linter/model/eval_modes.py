@@ -11,7 +11,6 @@ import libcst as cst
 
 from linter.model.cst_util import dotted, last_part
 from linter.model.evaluation import (
-    callers_of,
     frozen_models,
     grad_free,
     is_model_call,
@@ -121,7 +120,7 @@ def _epoch_loops(model, loop) -> list[tuple[Scope, cst.CSTNode]]:
         if outer is not None:
             return [(loop.scope, outer)]
     found = []
-    for call in callers_of(model, loop.scope):
+    for call in model.graph.callers(loop.scope):
         loops = call.stmt.loops()
         if loops:
             found.append((call.stmt.scope, loops[-1]))

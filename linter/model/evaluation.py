@@ -117,7 +117,7 @@ def _over_data(stmt: Stmt) -> bool:
 
 def _called_per_batch(model, scope: Scope) -> bool:
     """An `evaluate(model, batch)` step that the module calls from inside a loop."""
-    return any(call.stmt.loops() for call in callers_of(model, scope))
+    return any(call.stmt.loops() for call in model.graph.callers(scope))
 
 
 def is_eval_function(scope: Scope) -> bool:
@@ -259,7 +259,7 @@ def _scope_grad_free(model, scope: Scope, order: int | None, depth: int) -> bool
         current = current.parent
     if depth >= _MAX_DEPTH or not isinstance(scope.node, cst.FunctionDef):
         return False
-    callers = callers_of(model, scope)
+    callers = model.graph.callers(scope)
     return bool(callers) and all(_grad_free(model, c.stmt, depth + 1) for c in callers)
 
 
@@ -270,20 +270,6 @@ def _expr_stmts(scope: Scope, order: int | None):
             break
         if not stmt.frames and isinstance(stmt.node, cst.Expr):
             yield stmt
-
-
-def callers_of(model, scope: Scope) -> list[CallSite]:
-    table = model.memo("evaluation.callers", _callers_table)
-    return table.get(id(scope), [])
-
-
-def _callers_table(model) -> dict[int, list[CallSite]]:
-    table: dict[int, list[CallSite]] = {}
-    for call in model.calls:
-        callee = model.local_function(call.call.func, call.stmt.scope)
-        if callee is not None:
-            table.setdefault(id(callee), []).append(call)
-    return table
 
 
 def _disables_grad(model, node, scope: Scope) -> bool:

@@ -23,7 +23,7 @@ from linter.model.loops import BACKWARD_KINDS, STEP_KINDS
 
 if TYPE_CHECKING:
     from linter.model import Model, TrainingLoop
-from linter.model.ddp_models import callers_of, inside
+from linter.model.ddp_models import inside
 
 _LOADER_CALLEE = re.compile(r"loader|sampler|prefetch|tqdm|iter|enumerate", re.I)
 
@@ -273,7 +273,7 @@ def _around(
     if not isinstance(scope.node, cst.FunctionDef):
         return []
     found = []
-    for call in callers_of(model, scope):
+    for call in model.graph.callers(scope):
         loops = call.stmt.loops()
         if loops:
             found.append(EpochLoop(loops[-1], loops[0], call.stmt.scope, scope))
