@@ -51,7 +51,7 @@ class _Wrapped:
     """What a DDP wrapper registered when it was built."""
 
     params: set = field(default_factory=set)  # ids of the parameters DDP registered
-    storages: dict = field(default_factory=dict)  # id -> data_ptr at wrapping
+    accumulators: dict = field(default_factory=dict)  # id -> the gradient accumulator DDP hooked
 
 
 def install(tracker) -> None:
@@ -118,7 +118,16 @@ def _synced_params(module) -> list:
 
 def _registered(module) -> _Wrapped:
     params = _synced_params(module)
-    return _Wrapped({id(p) for p in params}, {id(p): p.data_ptr() for p in params})
+    return _Wrapped({id(p) for p in params}, {id(p): _accumulator(p) for p in params})
+
+
+def _accumulator(param):
+    """The autograd node that accumulates `param`'s gradient, which DDP's hooks hang on. Casting
+    or moving a parameter in place (`module.double()`, `.cpu()` after wrapping) gives it a new
+    node, so comparing nodes tells exactly which parameters DDP no longer hears (their storage
+    address cannot: the allocator may hand the new tensor the old address)."""
+    with torch.enable_grad():
+        return param.view_as(param).grad_fn.next_functions[0][0]
 
 
 def _replicated_params(optimizer, modules) -> list:
@@ -214,7 +223,11 @@ def _registration_causes(modules, optimizer, wrappers) -> list[str]:
         if wrapped is None or not wrapped.params:
             continue  # built before the guard was installed: unknown
         params = [p for p in module.parameters() if p.requires_grad]
-        moved = [p for p in params if wrapped.storages.get(id(p), p.data_ptr()) != p.data_ptr()]
+        moved = [
+            p
+            for p in params
+            if id(p) in wrapped.accumulators and wrapped.accumulators[id(p)] is not _accumulator(p)
+        ]
         added = [p for p in params if id(p) not in wrapped.params]
         if moved:
             causes.append(
