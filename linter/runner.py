@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from linter import noqa
 from linter.config import Settings
 from linter.selection import PARSE_ERROR
 from linter.source import SourceError, decode, read_bytes, write_atomic
@@ -206,35 +205,38 @@ def _execute(jobs: list[Job]) -> list[FileResult]:
 
 def lint_job(job: Job) -> FileResult:
     """Analyse (and maybe fix) one file. Never raises: failures become diagnostics or errors."""
-    from linter.analysis import ParseFailure, analyze_source
+    from linter.text import check_source
 
+    if job.absolute.endswith(".ipynb"):
+        from linter.notebook import lint_notebook_job
+
+        return _guarded(job, lint_notebook_job)
     try:
         source = decode(job.data)
     except SourceError as exc:
         return FileResult(job.shown, [_file_error(job.shown, str(exc))])
 
-    def analyse(text: str) -> list[Diagnostic]:
-        found = analyze_source(text, job.shown, job.codes)
-        return noqa.apply(text, [d for d in found if d.code in job.codes])
-
-    try:
-        diagnostics = analyse(source.text)
-        if not _needs_fixing(diagnostics, job.mode, job.unsafe):
-            return FileResult(job.shown, diagnostics)
-        from linter import fixer
-
-        outcome = fixer.fix_text(source.text, analyse, job.unsafe, source.newline, diagnostics)
-        result = FileResult(job.shown, outcome.diagnostics, outcome.fixed, error=outcome.error)
-        result.cacheable = outcome.error is None  # a fix error is reported again on every run
-        if outcome.text != source.text:
-            new_data = source.encode(outcome.text)
+    def lint(job: Job) -> FileResult:
+        fix = "none" if job.mode == "none" else "unsafe" if job.unsafe else "safe"
+        checked = check_source(source.text, job.shown, job.codes, fix, source.newline)
+        result = FileResult(job.shown, checked.diagnostics, checked.fixes_applied)
+        result.error = checked.error
+        result.cacheable = checked.error is None  # a fix error is reported again on every run
+        if checked.fixed is not None and checked.fixed != source.text:
+            new_data = source.encode(checked.fixed)
             if job.mode == "write":
                 _write(job.absolute, new_data, result)
             else:
-                result.diff = unified_diff(job.shown, source.text, outcome.text)
+                result.diff = unified_diff(job.shown, source.text, checked.fixed)
         return result
-    except ParseFailure as failure:
-        return FileResult(job.shown, [syntax_error(source.text, job.shown, failure)])
+
+    return _guarded(job, lint)
+
+
+def _guarded(job: Job, lint) -> FileResult:
+    """`lint(job)`, with a bug in a rule or the fixer made an error for this file only."""
+    try:
+        return lint(job)
     except Exception as exc:  # a bug in a rule or the fixer must not stop the other files
         import traceback
 

@@ -1,0 +1,92 @@
+"""Lint one source text held in memory: what stdin, the language server and the runner share.
+
+`lint_text` resolves the config for the path the text claims to be (a file need not exist there),
+analyses, applies `# noqa`, and with `fix` returns the fixed text. `check_source` is the core the
+runner calls for every file it reads, so there is one analysis-and-fix path, not two.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from linter.types import Diagnostic
+
+if TYPE_CHECKING:
+    from linter.config import Resolver
+
+FixChoice = Literal["none", "safe", "unsafe"]
+_FIRST_NEWLINE = re.compile(r"\r\n|\r|\n")
+
+
+@dataclass
+class TextResult:
+    diagnostics: list[Diagnostic]  # what remains (after the fixes when `fix` was asked for)
+    fixed: str | None = None  # the fixed text when fix != "none" (equal to the input if no fix)
+    fixes_applied: int = 0
+    error: str | None = None  # a fix that produced invalid syntax (the text was kept)
+    # For a notebook: the cell each line of the linted program came from (reporters need it).
+    cells: object | None = field(default=None, compare=False)
+
+
+def lint_text(
+    source: str, path: str | Path, resolver: Resolver, fix: FixChoice = "none"
+) -> TextResult:
+    """Lint `source` as the file at `path` would be linted (its config, its per-file-ignores).
+
+    A `.ipynb` path means `source` is the notebook's JSON; `fixed` is then the notebook's JSON."""
+    from linter.runner import shown_path
+
+    path = Path(path)
+    codes = resolver.for_path(path).codes_for(path)
+    if path.suffix == ".ipynb":
+        from linter.notebook import lint_notebook_text
+
+        return lint_notebook_text(source, shown_path(path), codes, fix)
+    return check_source(source, shown_path(path), codes, fix, newline_of(source))
+
+
+def newline_of(text: str) -> str:
+    """The first line ending of `text` ("\\n" when it has none): fixes insert this one."""
+    match = _FIRST_NEWLINE.search(text)
+    return match.group() if match else "\n"
+
+
+def analyse(text: str, shown: str, codes: Collection[str]) -> list[Diagnostic]:
+    """The findings of `codes` in `text` that no `# noqa` suppresses; raises ParseFailure."""
+    from linter import analysis, noqa
+
+    found = analysis.analyze_source(text, shown, codes)
+    return noqa.apply(text, [d for d in found if d.code in codes])
+
+
+def check_source(
+    text: str, shown: str, codes: Collection[str], fix: FixChoice = "none", newline: str = "\n"
+) -> TextResult:
+    """Analyse (and with `fix`, fix) one module's text; a syntax error becomes one ACL000.
+
+    Other exceptions (a bug in a rule) propagate: the caller decides how to report them."""
+    from linter.analysis import ParseFailure
+
+    try:
+        diagnostics = analyse(text, shown, codes)
+    except ParseFailure as failure:
+        from linter.runner import syntax_error
+
+        return TextResult([syntax_error(text, shown, failure)], text if fix != "none" else None)
+    if fix == "none":
+        return TextResult(diagnostics)
+    from linter import fixer
+
+    unsafe = fix == "unsafe"
+    if not any(fixer.applicable(d, unsafe) for d in diagnostics):
+        return TextResult(diagnostics, text)
+
+    def again(new_text: str) -> list[Diagnostic]:
+        return analyse(new_text, shown, codes)
+
+    outcome = fixer.fix_text(text, again, unsafe, newline, diagnostics)
+    return TextResult(outcome.diagnostics, outcome.text, outcome.fixed, outcome.error)
