@@ -117,6 +117,16 @@ def lint(
     list_rules: Annotated[bool, typer.Option("--list-rules", help="List every rule.")] = False,
     show_loops: Annotated[Path | None, typer.Option(help="Show the loop model.")] = None,
     version: Annotated[bool, typer.Option("--version", help="Print the version.")] = False,
+    stdin_filename: Annotated[
+        Path | None, typer.Option(help="Read the source from stdin, linted as this path.")
+    ] = None,
+    add_noqa: Annotated[
+        bool, typer.Option("--add-noqa", help="Add `# noqa: CODE` to each line with a finding.")
+    ] = False,
+    output_file: Annotated[
+        Path | None, typer.Option("--output-file", "-o", help="Write the report to this file.")
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print the findings only.")] = False,
 ) -> None:
     """Catch silent mixed-precision, gradient-accumulation and data-parallel bugs."""
     if version:
@@ -141,70 +151,108 @@ def lint(
     if show_loops is not None:
         raise typer.Exit(_show_loops(show_loops, output_format))
     mode = "diff" if diff else "write" if fix else "none"
+    from linter.output.printer import OutputError, Printer
+
+    printer = Printer(output_format.value, statistics, quiet, output_file)
     try:
-        code = _check(paths or [Path(".")], resolver, mode, output_format, statistics, no_cache)
+        if stdin_filename is not None or paths == [Path("-")]:
+            code = _stdin(paths or [], stdin_filename, resolver, mode, printer, add_noqa)
+        elif add_noqa:
+            if mode != "none":
+                raise _fail("--add-noqa cannot be combined with --fix or --diff")
+            code = _add_noqa(paths or [Path(".")], resolver, printer, no_cache)
+        else:
+            code = _check(paths or [Path(".")], resolver, mode, printer, no_cache)
     except ConfigError as exc:  # a nested config file found while walking
+        raise _fail(str(exc)) from None
+    except OutputError as exc:
         raise _fail(str(exc)) from None
     raise typer.Exit(0 if exit_zero and code == 1 else code)
 
 
-def _check(paths, resolver, mode, output_format, statistics, no_cache) -> int:
-    from linter import output, runner
+def _stdin(paths, filename, resolver, mode, printer, add_noqa: bool) -> int:
+    from linter import stdin
+
+    if add_noqa:
+        raise _fail("--add-noqa cannot be used with standard input")
+    for path in paths:
+        if path != Path("-"):
+            typer.echo(f"warning: ignoring {path}: the source is read from stdin", err=True)
+    try:
+        return stdin.run(filename, resolver, mode, printer)
+    except stdin.StdinError as exc:
+        raise _fail(f"{filename or '-'}: {exc}") from None
+
+
+def _lint_files(paths, resolver, mode, printer, no_cache):
+    """Discover and lint the files (through the cache); errors and notes printed on stderr."""
+    from linter import runner
     from linter.discovery import discover
 
     found = discover(paths, resolver)
     for note in found.notes:
-        typer.echo(f"note: {note}", err=True)
-    project = resolver.project
+        printer.say(f"note: {note}")
     cache = None
     if not no_cache:
         from linter.cache import Cache, default_directory
 
-        cache = Cache(default_directory(project.root))
+        cache = Cache(default_directory(resolver.project.root))
     named = frozenset(os.path.abspath(p) for p in paths if not p.is_dir())
     report = runner.run(found.files, mode, cache, named)
     if cache is not None:
         cache.save()
     for shown, message in report.errors:
         typer.echo(f"error: {shown}: {message}", err=True)
+    return report
+
+
+def _check(paths, resolver, mode, printer, no_cache) -> int:
+    report = _lint_files(paths, resolver, mode, printer, no_cache)
     if mode == "diff":
         sys.stdout.write("".join(report.diffs))
         if report.fixed:
-            typer.echo(f"Would fix {_errors(report.fixed)}.", err=True)
+            printer.say(f"Would fix {_errors(report.fixed)}.")
         return 2 if report.errors else (1 if report.diffs else 0)
     diagnostics = report.diagnostics
-    context = output.Context(
-        project.unsafe_fixes, _colour(sys.stdout), unchecked=len(report.errors)
-    )
-    sys.stdout.write(_render(diagnostics, context, output_format, statistics))
+    unsafe = resolver.project.unsafe_fixes
+    printer.report(diagnostics, printer.context(unsafe, diagnostics, len(report.errors)))
     if report.fixed:
-        typer.echo(f"Fixed {_errors(report.fixed)}.", err=True)
+        printer.say(f"Fixed {_errors(report.fixed)}.")
     return 2 if report.errors else (1 if diagnostics else 0)
+
+
+def _add_noqa(paths, resolver, printer, no_cache) -> int:
+    """Suppress every finding in place (`--add-noqa`): a codebase adopts the linter today."""
+    from linter.adopt import add_noqa_to_file
+
+    report = _lint_files(paths, resolver, "none", printer, no_cache)
+    added = left = 0
+    for result in report.results:
+        if result.diagnostics:
+            try:
+                changed, unsuppressable = add_noqa_to_file(result.shown, result.diagnostics)
+            except OSError as exc:
+                typer.echo(f"error: {result.shown}: cannot add noqa: {exc.strerror}", err=True)
+                return 2
+            added, left = added + changed, left + unsuppressable
+    printer.say(f"Added {added} noqa directive{'s' if added != 1 else ''}.")
+    if left:
+        typer.echo(f"warning: {left} finding(s) are on lines that cannot take a comment", err=True)
+    return 2 if report.errors else 0
 
 
 def _errors(count: int) -> str:
     return f"{count} error{'s' if count != 1 else ''}"
 
 
-def _render(diagnostics, context, output_format: OutputFormat, statistics: bool) -> str:
-    from linter import output
-
-    if statistics:
-        from linter.output import statistics as stats
-
-        as_json = output_format == OutputFormat.json
-        text = stats.render(diagnostics, context, as_json=as_json)
-        return text if as_json else text + output.summary(diagnostics, context) + "\n"
-    text = output.render(output_format.value, diagnostics, context)
-    if output_format == OutputFormat.concise:
-        text += output.summary(diagnostics, context) + "\n"
-    return text
-
-
 def main() -> None:
     if sys.argv[1:] == ["--version"]:  # the fast path: no typer, no click
         print(f"accel-lint {__version__}")
         return
+    if sys.argv[1:2] == ["server"]:  # the language server (as `ruff server`); lint ./server
+        from linter.server import main as serve
+
+        sys.exit(serve(sys.argv[2:]))
     app()
 
 

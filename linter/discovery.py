@@ -1,10 +1,10 @@
-"""Find the Python files to lint: walk directories honouring `.gitignore` files and `exclude`.
+"""Find the files to lint (.py, .ipynb): walk directories honouring `.gitignore`, `exclude`.
 
 Files and directories named on the command line are always linted (like ruff without
 `force-exclude`); `exclude` and `.gitignore` apply to what a directory walk finds below them.
 `.gitignore` files are read in every walked directory and in the walk root's parents up to the
 repository root; the deepest match wins, so nested files and `!negations` behave as in git.
-Notebooks are skipped with a note.
+Walks find `.py` files and Jupyter notebooks (`.ipynb`), as ruff does.
 """
 
 from __future__ import annotations
@@ -32,18 +32,11 @@ def discover(paths: list[Path], resolver: Resolver) -> Discovered:
             candidates = _walk(path, resolver)
         else:  # a named file (or a missing one: reading it reports the problem)
             candidates = iter([(path, resolver.for_path(path))])
-        notebooks = 0
         for file, settings in candidates:
             key = Path(os.path.abspath(file))
-            if key in seen:
-                continue
-            seen.add(key)
-            if file.suffix == ".ipynb":
-                notebooks += 1
-            else:
+            if key not in seen:
+                seen.add(key)
                 found.files.append((file, settings))
-        if notebooks:
-            found.notes.append(f"{path}: skipped {notebooks} notebook(s), not supported yet")
     return found
 
 

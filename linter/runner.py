@@ -208,7 +208,7 @@ def lint_job(job: Job) -> FileResult:
     from linter.text import check_source
 
     if job.absolute.endswith(".ipynb"):
-        from linter.notebook import lint_notebook_job
+        from linter.notebooks import lint_notebook_job
 
         return _guarded(job, lint_notebook_job)
     try:

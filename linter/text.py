@@ -43,7 +43,7 @@ def lint_text(
     path = Path(path)
     codes = resolver.for_path(path).codes_for(path)
     if path.suffix == ".ipynb":
-        from linter.notebook import lint_notebook_text
+        from linter.notebooks import lint_notebook_text
 
         return lint_notebook_text(source, shown_path(path), codes, fix)
     return check_source(source, shown_path(path), codes, fix, newline_of(source))

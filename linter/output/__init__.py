@@ -1,15 +1,22 @@
 """Reporters, one module per `--output-format`; each exposes `render(diagnostics, context) -> str`.
 
 Positions in `Diagnostic` are 1-based lines and 0-based columns; every reporter prints ruff's
-1-based columns. Modules are imported on demand so a run only loads the format it prints.
+1-based columns. A notebook's diagnostics hold positions in its program (all code cells in one);
+`placed` gives the cell and the in-cell positions every reporter shows. Modules are imported on
+demand so a run only loads the format it prints.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from linter.types import Diagnostic
+
+if TYPE_CHECKING:
+    from linter.notebooks import CellIndex
 
 FORMATS = ("full", "concise", "json", "github", "sarif")
 _MODULES = {"json": "json_format"}
@@ -20,6 +27,25 @@ class Context:
     unsafe_fixes: bool = False  # whether unsafe fixes count as available
     colour: bool = False
     unchecked: int = 0  # files the run could not check (internal errors): never "all passed"
+    # By shown path: the text that was linted when it is not the file on disk (stdin, notebooks),
+    # and each notebook's cell index.
+    sources: Mapping[str, str] = field(default_factory=dict)
+    notebooks: Mapping[str, CellIndex] = field(default_factory=dict)
+    quiet: bool = False  # `--quiet`: the findings only, no summary
+
+
+def placed(diagnostic: Diagnostic, context: Context) -> tuple[int | None, Diagnostic]:
+    """The notebook cell of a diagnostic (None in a module), and the diagnostic as it shows it."""
+    index = context.notebooks.get(diagnostic.path)
+    return index.in_cell(diagnostic) if index is not None else (None, diagnostic)
+
+
+def where(diagnostic: Diagnostic, context: Context) -> str:
+    """`path:row:col`, or ruff's `path:cell N:row:col` in a notebook."""
+    cell, shown = placed(diagnostic, context)
+    start = shown.start
+    prefix = f"{diagnostic.path}:cell {cell}" if cell is not None else diagnostic.path
+    return f"{prefix}:{start.line}:{column(start)}"
 
 
 def fixable(diagnostic: Diagnostic, context: Context) -> bool:

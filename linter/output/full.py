@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 
 from linter.fixer import apply_fixes
-from linter.output import Context, column, fixable, summary
+from linter.output import Context, fixable, placed, summary, where
 from linter.source import SourceError, decode, read_bytes, split_lines
 from linter.types import Diagnostic
 
@@ -18,7 +18,10 @@ CONTEXT_LINES = 1
 MAX_LINES = 6
 
 
-def _source(path: str, memo: dict[str, str | None]) -> str | None:
+def _source(path: str, memo: dict[str, str | None], context: Context) -> str | None:
+    """The text that was linted: given in the context (stdin, a notebook's program) or read."""
+    if path in context.sources:
+        return context.sources[path]
     if path not in memo:
         try:
             memo[path] = decode(read_bytes(path)).text
@@ -28,16 +31,16 @@ def _source(path: str, memo: dict[str, str | None]) -> str | None:
 
 
 def header(diagnostic: Diagnostic, context: Context) -> list[Segment]:
-    start = diagnostic.start
+    location = where(diagnostic, context)[len(diagnostic.path) :]  # ":12:5" or ":cell 3:12:5"
     segments = [
         (diagnostic.path, "bold"),
-        (f":{start.line}:{column(start)}: ", "cyan"),
+        (f"{location}: ", "cyan"),
         (diagnostic.code, "bold red"),
         (" ", ""),
     ]
     if fixable(diagnostic, context):
         segments.append(("[*] ", "cyan"))
-    segments.append((diagnostic.message + "\n", ""))
+    segments.append((placed(diagnostic, context)[1].message + "\n", ""))
     return segments
 
 
@@ -66,7 +69,8 @@ def _window(diagnostic: Diagnostic, lines: list[str]) -> tuple[int, int]:
     return max(1, start.line - CONTEXT_LINES), last
 
 
-def footer(diagnostic: Diagnostic, width: int, text: str | None) -> list[Segment]:
+def footer(diagnostic: Diagnostic, width: int, text: str | None, notes=None) -> list[Segment]:
+    """The fix's help and preview (`text` is the linted text), then the notes."""
     pad = " " * (width + 1)
     segments: list[Segment] = []
     if diagnostic.fix is not None:
@@ -74,7 +78,8 @@ def footer(diagnostic: Diagnostic, width: int, text: str | None) -> list[Segment
         segments.append((f"{pad}= help: {diagnostic.fix.message}{unsafe}\n", "cyan"))
         if text is not None:
             segments += fix_preview(diagnostic, text, pad)
-    segments += [(f"{pad}= note: {note}\n", "") for note in diagnostic.notes]
+    notes = diagnostic.notes if notes is None else notes
+    segments += [(f"{pad}= note: {note}\n", "") for note in notes]
     return segments
 
 
@@ -99,16 +104,20 @@ def segments_for(diagnostics: list[Diagnostic], context: Context) -> list[Segmen
     segments: list[Segment] = []
     for diagnostic in diagnostics:
         segments += header(diagnostic, context)
-        text = _source(diagnostic.path, memo)
+        text = _source(diagnostic.path, memo, context)
+        cell, shown = placed(diagnostic, context)
         lines = split_lines(text) if text is not None else []
+        if cell is not None:  # a notebook: the cell's own lines, numbered as the cell shows them
+            lines = context.notebooks[diagnostic.path].lines[cell]
         width = 0
-        if lines and diagnostic.start.line <= len(lines):
-            segments += excerpt(diagnostic, lines)
-            width = len(str(_window(diagnostic, lines)[1]))
-        segments += footer(diagnostic, width, text if lines else None)
+        if lines and shown.start.line <= len(lines):
+            segments += excerpt(shown, lines)
+            width = len(str(_window(shown, lines)[1]))
+        segments += footer(diagnostic, width, text if lines else None, shown.notes)
         segments.append(("\n", ""))
-    style = "bold" if diagnostics or context.unchecked else "green"
-    segments.append((summary(diagnostics, context) + "\n", style))
+    if not context.quiet:
+        style = "bold" if diagnostics or context.unchecked else "green"
+        segments.append((summary(diagnostics, context) + "\n", style))
     return segments
 
 

@@ -1,10 +1,13 @@
-"""`--output-format github`: GitHub Actions workflow commands that annotate the pull request."""
+"""`--output-format github`: GitHub Actions workflow commands that annotate the pull request.
+
+In a notebook the line is the cell's and the message starts with `cell N:` (ruff's layout).
+"""
 
 from __future__ import annotations
 
 import os
 
-from linter.output import Context, column
+from linter.output import Context, column, placed
 from linter.types import Diagnostic
 
 
@@ -16,8 +19,10 @@ def _property(text: str) -> str:
     return _data(text).replace(":", "%3A").replace(",", "%2C")
 
 
-def line(diagnostic: Diagnostic) -> str:
+def line(diagnostic: Diagnostic, context: Context | None = None) -> str:
+    cell, diagnostic = placed(diagnostic, context or Context())
     start, end = diagnostic.start, diagnostic.end
+    text = f"{diagnostic.code} {diagnostic.message}"
     properties = ",".join(
         [
             f"title={_property(f'accel-lint ({diagnostic.code})')}",
@@ -28,8 +33,10 @@ def line(diagnostic: Diagnostic) -> str:
             f"endColumn={column(end)}",
         ]
     )
-    return f"::error {properties}::{_data(f'{diagnostic.code} {diagnostic.message}')}"
+    if cell is not None:
+        text = f"cell {cell}: {text}"
+    return f"::error {properties}::{_data(text)}"
 
 
 def render(diagnostics: list[Diagnostic], context: Context) -> str:
-    return "".join(line(d) + "\n" for d in diagnostics)
+    return "".join(line(d, context) + "\n" for d in diagnostics)

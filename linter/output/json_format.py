@@ -1,7 +1,8 @@
 """`--output-format json`: a list of objects with exactly ruff's keys, so ruff tooling can read it.
 
 Keys: cell, code, end_location, filename (absolute), fix, location, message, name, noqa_row,
-severity, url. Locations are `{row, column}` with 1-based columns.
+severity, url. Locations are `{row, column}` with 1-based columns. In a notebook, as in ruff,
+`cell` is the cell's 1-based number and every row (locations, edits, `noqa_row`) is in that cell.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from linter.output import Context, column
+from linter.output import Context, column, placed
 from linter.types import Diagnostic, Position
 
 
@@ -31,7 +32,7 @@ def rule_severity(code: str) -> str:
     return rule.severity if rule else "error"
 
 
-def as_dict(diagnostic: Diagnostic) -> dict:
+def as_dict(diagnostic: Diagnostic, cell: int | None = None) -> dict:
     fix = None
     if diagnostic.fix is not None:
         fix = {
@@ -47,7 +48,7 @@ def as_dict(diagnostic: Diagnostic) -> dict:
             "message": diagnostic.fix.message,
         }
     return {
-        "cell": None,
+        "cell": cell,
         "code": diagnostic.code,
         "end_location": location(diagnostic.end),
         "filename": os.path.abspath(diagnostic.path),
@@ -62,4 +63,5 @@ def as_dict(diagnostic: Diagnostic) -> dict:
 
 
 def render(diagnostics: list[Diagnostic], context: Context) -> str:
-    return json.dumps([as_dict(d) for d in diagnostics], indent=2) + "\n"
+    items = [as_dict(shown, cell) for cell, shown in (placed(d, context) for d in diagnostics)]
+    return json.dumps(items, indent=2) + "\n"

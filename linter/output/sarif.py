@@ -1,4 +1,8 @@
-"""`--output-format sarif`: a SARIF 2.1.0 log shaped like ruff's, rules taken from the catalogue."""
+"""`--output-format sarif`: a SARIF 2.1.0 log shaped like ruff's, rules taken from the catalogue.
+
+In a notebook the region's lines are those of the cell, whose 1-based number is the result's
+`properties.cell` (SARIF has no notion of cells; a property bag is its place for tool facts).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import os
 from pathlib import Path
 
 from linter import __version__
-from linter.output import Context, column
+from linter.output import Context, column, placed
 from linter.types import Diagnostic, Edit
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -41,7 +45,7 @@ def _level(code: str) -> str:
     return _LEVELS[rule.severity] if rule else "error"
 
 
-def result(diagnostic: Diagnostic) -> dict:
+def result(diagnostic: Diagnostic, cell: int | None = None) -> dict:
     artifact = {"uri": _uri(diagnostic.path)}
     entry: dict = {
         "level": _LEVELS[diagnostic.severity] if diagnostic.severity else _level(diagnostic.code),
@@ -62,6 +66,8 @@ def result(diagnostic: Diagnostic) -> dict:
         entry["fixes"] = [
             {"artifactChanges": changes, "description": {"text": diagnostic.fix.message}}
         ]
+    if cell is not None:
+        entry["properties"] = {"cell": cell}
     return entry
 
 
@@ -81,7 +87,9 @@ def rule_descriptor(code: str) -> dict | None:
     }
 
 
-def log(diagnostics: list[Diagnostic]) -> dict:
+def log(diagnostics: list[Diagnostic], context: Context | None = None) -> dict:
+    context = context or Context()
+    results = [result(shown, cell) for cell, shown in (placed(d, context) for d in diagnostics)]
     codes = sorted({d.code for d in diagnostics})
     rules = [r for r in map(rule_descriptor, codes) if r is not None]
     driver = {
@@ -91,10 +99,10 @@ def log(diagnostics: list[Diagnostic]) -> dict:
     }
     return {
         "$schema": SCHEMA,
-        "runs": [{"results": [result(d) for d in diagnostics], "tool": {"driver": driver}}],
+        "runs": [{"results": results, "tool": {"driver": driver}}],
         "version": "2.1.0",
     }
 
 
 def render(diagnostics: list[Diagnostic], context: Context) -> str:
-    return json.dumps(log(diagnostics), indent=2) + "\n"
+    return json.dumps(log(diagnostics, context), indent=2) + "\n"

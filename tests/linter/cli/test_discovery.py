@@ -60,17 +60,16 @@ def test_named_files_are_linted_even_when_excluded(tmp_path):
     assert found(tmp_path, "ignored.py", "script") == ["ignored.py", "script"]
 
 
-def test_notebooks_are_skipped_with_a_note(tmp_path):
+def test_notebooks_are_linted_named_or_walked(tmp_path):
     write(tmp_path, "nb.ipynb", "{}")
     write(tmp_path, "sub/a.ipynb", "{}")
     write(tmp_path, "sub/b.py")
     resolver = Resolver(Overrides(), cwd=tmp_path)
     named = discover([tmp_path / "nb.ipynb"], resolver)
-    assert named.files == []
-    assert named.notes == [f"{tmp_path / 'nb.ipynb'}: skipped 1 notebook(s), not supported yet"]
+    assert [p.name for p, _ in named.files] == ["nb.ipynb"] and named.notes == []
     walked = discover([tmp_path], resolver)
-    assert [p.name for p, _ in walked.files] == ["b.py"]
-    assert walked.notes == [f"{tmp_path}: skipped 2 notebook(s), not supported yet"]
+    assert [p.name for p, _ in walked.files] == ["nb.ipynb", "a.ipynb", "b.py"]
+    assert walked.notes == []
 
 
 def test_duplicates_are_linted_once(tmp_path):
