@@ -9,6 +9,7 @@ differ where the catalogue says Accelerate is wrong or silent:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -317,10 +318,13 @@ class PreparedDataLoader:
         self.end_of_dataloader = False
         window.loaders.append(self)
         try:
-            iterator = iter(self.loader)
             skip, self.skip_batches = self.skip_batches, 0
-            for _ in range(skip):
-                next(iterator, None)
+            # Resuming: the interrupted pass already drew its loader seeds from the RNG state
+            # that load_state restored, so skipping leaves the generator untouched.
+            with torch.random.fork_rng(devices=[]) if skip else contextlib.nullcontext():
+                iterator = iter(self.loader)
+                for _ in range(skip):
+                    next(iterator, None)
             try:
                 current = next(iterator)
             except StopIteration:
