@@ -5,9 +5,13 @@
     python -m guard --explain ACL102             # the catalogue text shared with accel-lint
 
 Modes (environment): ACCEL_GUARD=raise (default: errors raise `guard.GuardError` with `.code`,
-warnings warn), ACCEL_GUARD=warn (nothing raises; each finding is printed once and a summary
-table with code, count, first step and file:line is printed at exit), ACCEL_GUARD=off.
-ACCEL_GUARD_REPORT=findings.json also writes the findings as JSON at exit (all processes).
+printed as `train.py:29: ACL305 ...` and a `help:` line, with a traceback that ends at the
+script's line; exit status 1; warnings warn), ACCEL_GUARD=warn (nothing raises; each finding is
+printed once as `train.py:29: ACL305 ...` and a summary grouped by code, with counts, first
+steps and one line per location, is printed at exit), ACCEL_GUARD=off. ACCEL_GUARD_DEBUG=1
+keeps the guard's own frames in tracebacks.
+ACCEL_GUARD_REPORT=run.html writes the run report at exit (configuration, findings and their
+docs, timelines per optimizer step); run.json the same as JSON, shared by all processes.
 Check options: ACCEL_GUARD_TOKEN_BIAS=0.25, ACCEL_GUARD_OVERFLOW_STREAK=20,
 ACCEL_GUARD_NONFINITE_POLICY=raise|skip, ACCEL_GUARD_ANOMALY=0|1 (or `guard.configure(...)`).
 
@@ -35,15 +39,20 @@ def main(argv: list[str]) -> int:
         return 0 if argv else 2
     if argv[0] == "--explain":
         return _explain(argv[1:])
-    from guard._main import run_script
+    from guard._main import print_error, run_script
+    from guard._report import GuardError
 
-    if argv[0] == "-m":
-        if len(argv) < 2:
-            print(USAGE, file=sys.stderr)
-            return 2
-        run_script(argv[1], argv[2:], module=True)
-    else:
-        run_script(argv[0], argv[1:])
+    if argv[0] == "-m" and len(argv) < 2:
+        print(USAGE, file=sys.stderr)
+        return 2
+    try:
+        if argv[0] == "-m":
+            run_script(argv[1], argv[2:], module=True)
+        else:
+            run_script(argv[0], argv[1:])
+    except GuardError as error:
+        print_error(error)
+        return 1
     return 0
 
 

@@ -1,14 +1,15 @@
 """Where every guard finding goes: raise, warn, or stay silent, per `ACCEL_GUARD` and `configure()`.
 
 Findings carry a catalogue code and the user's file:line (the first frame outside guard, torch and
-accelerate), so a message points at the training script rather than at the guard.
+accelerate), so a message points at the training script rather than at the guard; how they read
+(and where a `GuardError`'s traceback ends) is `guard._voice`'s business, the run report's
+(`ACCEL_GUARD_REPORT=run.json` or `run.html`) `guard.run_report`'s.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import os
 import sys
 import threading
@@ -16,6 +17,8 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+
+from guard import _voice
 
 Level = Literal["error", "warning"]
 Mode = Literal["raise", "warn", "off"]
@@ -92,24 +95,40 @@ def _in_framework(location: str | None) -> bool:
     return bool(filename) and _is_framework(filename)
 
 
-def _beyond_frameworks() -> str | None:
-    """file:line of the innermost frame that is neither internal nor a framework's."""
+def _beyond_frameworks_frame() -> Any:
+    """The innermost frame that is neither internal nor a framework's (None if none)."""
     frame = sys._getframe(1)
     while frame is not None and (
         _is_internal(frame.f_code.co_filename) or _is_framework(frame.f_code.co_filename)
     ):
         frame = frame.f_back
+    return frame
+
+
+def _beyond_frameworks() -> str | None:
+    """file:line of the innermost frame that is neither internal nor a framework's."""
+    frame = _beyond_frameworks_frame()
     return None if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
 class GuardError(RuntimeError):
-    """Raised for error-level findings in `raise` mode; `.code` is the catalogue code."""
+    """Raised for error-level findings in `raise` mode; `.code` is the catalogue code.
+
+    Reads like the linter: `train.py:29: ACL305 <what is wrong>`, then `help: <the fix>
+    (accel-lint --explain ACL305)`; `.message` is the finding's message, `.location` its
+    `file:line`. Its traceback ends at the user's frame (ACCEL_GUARD_DEBUG=1 keeps the guard's)."""
 
     def __init__(self, code: str, message: str, location: str | None = None):
+        super().__init__(code, message, location)  # args: so a pickled error rebuilds
         self.code = code
+        self.message = message
         self.location = location
-        where = f" ({location})" if location else ""
-        super().__init__(f"{code}{where}: {message}")
+
+    def __str__(self) -> str:
+        return _voice.error_text(self.code, self.message, self.location)
+
+
+GuardError.__module__ = "guard"  # tracebacks print `guard.GuardError`, the public name
 
 
 class GuardWarning(UserWarning):
@@ -180,7 +199,19 @@ def configure(
         s.ignore = tuple(ignore)
     if report_path is not None:
         s.report_path = report_path
+        _start_recording()
     s.options.update(options)
+
+
+def _start_recording() -> None:
+    """A report asked for after the install: start its recorder now (once per install)."""
+    tracker = sys.modules.get("guard._tracker")
+    if tracker is None or not tracker.TRACKER.active:
+        return  # the install will start it
+    from guard.run_report import recorder
+
+    if not recorder.installed_on(tracker.TRACKER):
+        recorder.install(tracker.TRACKER)
 
 
 def option(name: str, default: float) -> float:
@@ -264,10 +295,23 @@ def report(code: str, message: str, level: Level = "error", location: str | None
             seen.count += 1
         else:
             _state.findings[key] = Finding(code, message, level, location, _state.step)
+    for observer in _observers:
+        observer(code, location, seen is None)
     if _state.settings.mode == "raise" and level == "error":
-        raise GuardError(code, message, location)
+        error = GuardError(code, message, location)
+        _voice.end_traceback_at(_beyond_frameworks_frame(), error)
+        raise error
     if seen is None:
         _warn_at(f"{code}: {message}", location)
+
+
+_observers: list = []  # fn(code, location, first) on every finding: the run report's markers
+
+
+def observe(fn) -> None:
+    """Call `fn(code, location, first)` on every finding reported (before it raises)."""
+    if fn not in _observers:
+        _observers.append(fn)
 
 
 def note(code: str, message: str) -> None:
@@ -277,7 +321,8 @@ def note(code: str, message: str) -> None:
 
 
 def _warn_at(text: str, location: str | None) -> None:
-    """Show the warning at the user's line, not at the guard's."""
+    """Show the warning at the user's line, not at the guard's, as `path:line: CODE message`."""
+    _voice.use_finding_format(GuardWarning)
     filename, _, line = (location or "").rpartition(":")
     if filename and line.isdigit():
         warnings.warn_explicit(text, GuardWarning, filename, int(line), module="accel-guard")
@@ -292,36 +337,30 @@ def findings() -> list[Finding]:
 
 
 def reset() -> None:
-    """Forget all findings (tests use this between cases)."""
+    """Forget all findings and the run report's series (tests use this between cases)."""
     with _lock:
         _state.findings.clear()
         _state.step = 0
+    recording = sys.modules.get("guard.run_report.recorder")
+    if recording is not None:
+        recording.forget()
 
 
 def summary_text() -> str:
-    rows = findings()
-    if not rows:
-        return "accel-guard: no findings"
-    lines = ["accel-guard summary", f"{'code':<8} {'count':>5} {'step':>6}  location / message"]
-    for f in sorted(rows, key=lambda r: (r.code, r.location or "")):
-        lines.append(f"{f.code:<8} {f.count:>5} {f.step:>6}  {f.location or '?'}")
-        lines.append(f"{'':<22}{f.message}")
-    return "\n".join(lines)
+    """The warn-mode summary as plain text: per code, then one line per location."""
+    return _voice.summary_text(findings())
+
+
+def finding_rows() -> list[dict]:
+    """The findings as JSON-ready dicts (the report's `findings`)."""
+    return [asdict(f) for f in findings()]
 
 
 def write_report(path: str) -> None:
-    """Add this process's findings to the JSON file at `path` (child processes share it)."""
-    import fcntl
+    """Write this process's part of the run report at `path` (see `guard.run_report`)."""
+    from guard import run_report
 
-    with open(path, "a+", encoding="utf-8") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        fh.seek(0)
-        text = fh.read()
-        rows = json.loads(text) if text.strip() else []
-        rows.extend(asdict(f) for f in findings())
-        fh.seek(0)
-        fh.truncate()
-        json.dump(rows, fh, indent=1)
+    run_report.write(path)
 
 
 _before_exit: list = []
@@ -340,9 +379,11 @@ def _at_exit() -> None:
             pass
     s = _state.settings
     if s.report_path:
-        write_report(s.report_path)
+        for path in s.report_path.split(os.pathsep):
+            if path:
+                write_report(path)
     if s.mode == "warn" and findings():
-        print(summary_text(), file=sys.stderr)
+        _voice.print_summary(findings(), sys.stderr)
 
 
 atexit.register(_at_exit)

@@ -147,5 +147,6 @@ def _run_once(script: Path, with_guard: bool, timeout: float) -> RunResult:
         proc.kill()
         return RunResult(False, f"timed out after {timeout}s", None, [])
     ok, error = queue.get() if not queue.empty() else (False, f"exit code {proc.exitcode}")
-    findings = json.loads(Path(report).read_text()) if os.path.exists(report) else []
+    loaded = json.loads(Path(report).read_text()) if os.path.exists(report) else []
+    findings = loaded["findings"] if isinstance(loaded, dict) else loaded  # the run report's
     return RunResult(ok, error, out if os.path.exists(out) else None, findings)
