@@ -31,4 +31,8 @@ def __getattr__(name: str):  # lazy: the engine imports torch, `import guard` mu
         from guard.engine import Engine
 
         return Engine
+    if name == "FSDP2Plugin":
+        from guard._fsdp2 import FSDP2Plugin
+
+        return FSDP2Plugin
     raise AttributeError(f"module 'guard' has no attribute {name!r}")

@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from guard import _engine_checks as checks
-from guard import distributed
+from guard import _fsdp2, distributed
 from guard._tracker import TRACKER
 from guard._window import Window
 from guard.prepared import (
@@ -59,8 +59,8 @@ class _Accumulate:
         self._window.in_accumulate = True
         if self._ddp:
             self._stack = contextlib.ExitStack()
-            for model in self._ddp:
-                self._stack.enter_context(model.no_sync())
+            for model in self._ddp:  # DDP's no_sync or FSDP2's sync switch
+                self._stack.enter_context(_fsdp2.no_sync(model))
 
     def __exit__(self, *exc: Any) -> None:
         self._window.in_accumulate = False
@@ -81,6 +81,9 @@ class Engine:
             Accelerate) or "exact" (1/r each, as a full batch of the remaining samples).
         split_batches: as in Accelerate, whether the scheduler steps once (True) or W times (False)
             per optimizer step.
+        fsdp_plugin: shard prepared models with FSDP2 (`fully_shard`) instead of wrapping them in
+            DDP, under several processes: a `guard.FSDP2Plugin` (block policy, resharding) or
+            True for its defaults. See guard/_fsdp2.py.
     """
 
     def __init__(
@@ -91,6 +94,7 @@ class Engine:
         *,
         tail: Tail = "accelerate",
         split_batches: bool = False,
+        fsdp_plugin: Any = None,
     ):
         if mixed_precision not in ("no", "fp16", "bf16"):
             raise ValueError(f"mixed_precision must be no, fp16 or bf16, not {mixed_precision!r}")
@@ -102,6 +106,7 @@ class Engine:
         self.gradient_accumulation_steps = gradient_accumulation_steps
         self.tail = tail
         self.split_batches = split_batches
+        self.fsdp_plugin = _fsdp2.resolve(fsdp_plugin)
         self._window = Window(gradient_accumulation_steps)
         self._plain_accumulate = _Accumulate(self._window, [])  # stateless without DDP: reused
         self.scaler = torch.amp.GradScaler(self.device.type) if mixed_precision == "fp16" else None
@@ -141,6 +146,8 @@ class Engine:
     def prepare(self, *objects: Any) -> Any:
         """Prepare models, optimizers, dataloaders and schedulers, returned in the given order."""
         prepared: list[Any] = [self._prepare_one(obj) for obj in objects]
+        if self.fsdp_plugin is not None:  # sharding replaced the parameters the optimizers hold
+            _fsdp2.adopt_sharded_parameters(self._optimizers)
         for i, obj in enumerate(objects):  # schedulers need the prepared optimizers first
             if _is_scheduler(obj):
                 prepared[i] = self._prepare_scheduler(obj)
@@ -182,10 +189,14 @@ class Engine:
         inner = self.unwrap_model(model)
         if self.mixed_precision in _DTYPES and not hasattr(inner, "_original_forward"):
             wrap_forward(inner, self.device.type, _DTYPES[self.mixed_precision])
-        if model is not inner:  # the caller wrapped it in DDP already
+        if model is not inner or _fsdp2.is_sharded(model):  # wrapped (DDP) or sharded already
             self._models.append(model)
             return model
         if distributed.world_size() > 1 and any(p.requires_grad for p in model.parameters()):
+            if self.fsdp_plugin is not None:
+                model = _fsdp2.shard(model, self.fsdp_plugin, self.mixed_precision)
+                self._models.append(model)
+                return model
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
         self._models.append(model)
@@ -220,14 +231,12 @@ class Engine:
         window.advance()
         if window.sync_gradients:
             return self._plain_accumulate
-        ddp = [m for m in models if isinstance(m, torch.nn.parallel.DistributedDataParallel)]
+        ddp = [m for m in models if _fsdp2.syncs_gradients(m)]  # DDP or FSDP2
         return _Accumulate(window, ddp) if ddp else self._plain_accumulate
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
-        """DDP's no_sync for a prepared DDP model; nothing for any other model."""
-        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            return model.no_sync()
-        return contextlib.nullcontext()
+        """DDP's no_sync (FSDP2: gradient sync off) for a prepared model; else nothing."""
+        return _fsdp2.no_sync(model)
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
@@ -305,7 +314,7 @@ class Engine:
         factor = self._window_factor()
         if factor is None:
             return
-        grads = [p.grad for p in self._trained_parameters() if p.grad is not None]
+        grads = _fsdp2.trained_grads(self._trained_parameters())  # DTensors: their shards
         if grads:
             torch._foreach_mul_(grads, factor)
 
@@ -343,6 +352,7 @@ class Engine:
         self.unscale_gradients()
         with TRACKER.flag("clip_via", "engine"):
             norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        norm = _fsdp2.plain_norm(norm)  # FSDP2: the all-reduced global norm, as a plain tensor
         if self.scaler is None and not TRACKER.active:
             checks.NonFinite.check_norm(norm)
         return norm
@@ -402,6 +412,8 @@ class Engine:
         """Scaler state, window counters and, mid-window, the gradients accumulated so far."""
         mid_window = not self._window.sync_gradients
         grads = None
+        if mid_window and any(_fsdp2.is_sharded(m) for m in self._models):
+            _fsdp2.refuse_mid_window()
         if mid_window:
             grads = [
                 None if p.grad is None else p.grad.detach().clone()
@@ -429,6 +441,15 @@ class Engine:
                 raise ValueError("checkpoint holds gradients for a different set of parameters")
             for param, grad in zip(params, state["grads"], strict=True):
                 param.grad = None if grad is None else grad.to(param.device, param.dtype)
+
+    def save_sharded_state(self, directory: Any) -> None:
+        """FSDP2: models, optimizers, schedulers and this engine's state, written sharded (one
+        file per rank) by torch.distributed.checkpoint; every rank calls it."""
+        _fsdp2.save_state(self, directory)
+
+    def load_sharded_state(self, directory: Any) -> None:
+        """Restore what `save_sharded_state` wrote; prepare the same objects first."""
+        _fsdp2.load_state(self, directory)
 
 
 def _resolve_device(device: str | torch.device | None) -> torch.device:

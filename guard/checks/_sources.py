@@ -240,21 +240,22 @@ def _dist_gather(tracker) -> None:
     if not dist.is_available() or _installed(dist, "all_gather"):
         return
 
-    def wrap(name: str, output_parts: Callable[[Any], list]) -> None:
+    def wrap(name: str, keyword: str, output_parts: Callable[[Any], list]) -> None:
         original = getattr(dist, name)
 
         @_patch.wraps_original(original)
-        def all_gather_(output, *args, **kwargs):
-            result = original(output, *args, **kwargs)
+        def all_gather_(*args, **kwargs):  # torch.distributed.checkpoint passes keywords
+            result = original(*args, **kwargs)
             if _called_by_user():
+                output = args[0] if args else kwargs.get(keyword)
                 tracker.emit("dist_gather", parts=output_parts(output))
             return result
 
         _patch.patch(dist, name, all_gather_)
 
-    wrap("all_gather", list)
-    wrap("all_gather_object", list)
-    wrap("all_gather_into_tensor", lambda output: [output])
+    wrap("all_gather", "tensor_list", list)
+    wrap("all_gather_object", "object_list", list)
+    wrap("all_gather_into_tensor", "output_tensor", lambda output: [output])
 
 
 _finish_hooked: list = []

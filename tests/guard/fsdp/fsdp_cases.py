@@ -1,0 +1,162 @@
+"""FSDP2 cases, run on both ranks of the session's gloo group (conftest's `fsdp_pool`), with the
+guard installed in raise mode. Each returns plain tensors, numbers and the guard's findings."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from fsdp_reference import flat_params, make_data, make_loader, make_model, make_optimizer
+
+import guard
+
+
+def _findings() -> list:
+    return sorted([f.code, f.level, f.message] for f in guard.findings())
+
+
+@contextlib.contextmanager
+def counting_reduce_scatters(counter: dict):
+    """Count the reduce-scatters FSDP2 issues (it calls torch.distributed.reduce_scatter_single)."""
+    original = dist.reduce_scatter_single
+
+    def counted(*args, **kwargs):
+        counter["calls"] += 1
+        return original(*args, **kwargs)
+
+    dist.reduce_scatter_single = counted
+    try:
+        yield
+    finally:
+        dist.reduce_scatter_single = original
+
+
+def _engine(precision: str, n: int, init_scale: float | None = None, **kwargs):
+    engine = guard.Engine(precision, gradient_accumulation_steps=n, fsdp_plugin=True, **kwargs)
+    if init_scale is not None:
+        engine.prepare(torch.amp.GradScaler("cpu", init_scale=init_scale))
+    return engine
+
+
+def _train(engine, model, opt, loader, sched, clip, counter, stop_after=None) -> list:
+    """The canonical Accelerate-style loop; returns the clipped norms (sync steps only)."""
+    norms = []
+    with counting_reduce_scatters(counter):
+        for xb, yb in loader:
+            with engine.accumulate(model):
+                engine.backward(F.mse_loss(model(xb), yb))
+                if clip is not None and engine.sync_gradients:
+                    norms.append(float(engine.clip_grad_norm_(model.parameters(), clip)))
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+            if stop_after is not None and engine.optimizer_steps == stop_after:
+                break
+    return norms
+
+
+def engine_train(precision, opt_kind, clip, samples, batch_size, n, init_scale=None, **kwargs):
+    """Train through the FSDP2 engine, counting reduce-scatters."""
+    guard.reset()
+    engine = _engine(precision, n, init_scale, **kwargs)
+    model = make_model()
+    opt = make_optimizer(opt_kind, model.parameters())
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
+    x, y = make_data(samples)
+    model, opt, loader, sched = engine.prepare(model, opt, make_loader(x, y, batch_size), sched)
+    counter = {"calls": 0}
+    norms = _train(engine, model, opt, loader, sched, clip, counter)
+    return {
+        "rank": engine.process_index,
+        "world": engine.num_processes,
+        "sharded": [type(p).__name__ for p in model.parameters()],
+        "params": flat_params(model),
+        "norms": norms,
+        "reduce_scatters": counter["calls"],
+        "optimizer_steps": engine.optimizer_steps,
+        "scale": None if engine.scaler is None else engine.scaler.get_scale(),
+        "findings": _findings(),
+    }
+
+
+def engine_ddp_train(precision, samples, batch_size, n, **kwargs):
+    """The same loop through the DDP engine (the oracle for the tail window and num_items)."""
+    guard.reset()
+    engine = guard.Engine(precision, gradient_accumulation_steps=n, **kwargs)
+    model = make_model()
+    opt = make_optimizer("sgd", model.parameters())
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
+    x, y = make_data(samples)
+    model, opt, loader, sched = engine.prepare(model, opt, make_loader(x, y, batch_size), sched)
+    _train(engine, model, opt, loader, sched, None, {"calls": 0})
+    return {"params": flat_params(model), "findings": _findings()}
+
+
+def engine_items(n: int, steps: int, fsdp: bool):
+    """`backward(loss_sum, num_items=)` with uneven item counts per micro-batch and rank."""
+    guard.reset()
+    engine = guard.Engine("no", gradient_accumulation_steps=n, fsdp_plugin=fsdp or None)
+    world, rank = engine.num_processes, engine.process_index
+    model = make_model()
+    model, opt = engine.prepare(model, torch.optim.SGD(model.parameters(), lr=0.2))
+    x, y = make_data(world * n * steps * 3)
+    counter = {"calls": 0}
+    with counting_reduce_scatters(counter):
+        for i in range(rank, world * n * steps, world):
+            rows = 1 + (i % 3)  # 1 to 3 samples: the window's mean needs every rank's count
+            xb, yb = x[3 * i : 3 * i + rows], y[3 * i : 3 * i + rows]
+            with engine.accumulate(model):
+                loss = F.mse_loss(model(xb), yb, reduction="none").mean(dim=1).sum()
+                engine.backward(loss, num_items=rows)
+                opt.step()
+                opt.zero_grad()
+    return {"params": flat_params(model), "reduce_scatters": counter["calls"]}
+
+
+def engine_resume(directory: str, samples: int, batch_size: int, n: int, cut: int):
+    """Uninterrupted vs. saved after `cut` optimizer steps, rebuilt, loaded and continued."""
+    results = {}
+    for how in ("straight", "resumed"):
+        guard.reset()
+        engine = _engine("bf16", n)
+        model = make_model()
+        opt = make_optimizer("adamw", model.parameters())
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
+        x, y = make_data(samples)
+        model, opt, loader, sched = engine.prepare(model, opt, make_loader(x, y, batch_size), sched)
+        counter = {"calls": 0}
+        if how == "resumed":
+            _train(engine, model, opt, loader, sched, 0.5, counter, stop_after=cut)
+            engine.save_sharded_state(directory)
+            results["saved_steps"] = engine.optimizer_steps
+            engine = _engine("bf16", n)
+            model = make_model(seed=7)  # different weights: everything must come from the files
+            opt = make_optimizer("adamw", model.parameters())
+            sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
+            loader = make_loader(x, y, batch_size)
+            model, opt, loader, sched = engine.prepare(model, opt, loader, sched)
+            engine.load_sharded_state(directory)
+            loader = engine.skip_first_batches(loader, cut * n)
+        _train(engine, model, opt, loader, sched, 0.5, counter)
+        results[how] = flat_params(model)
+        results[how + "_steps"] = engine.optimizer_steps
+        results[how + "_lr"] = sched.get_last_lr()[0]
+    results["findings"] = _findings()
+    return results
+
+
+def engine_mid_window_save(directory: str):
+    """Saving mid-window is refused: FSDP2 holds that window's gradients unsharded."""
+    engine = _engine("no", 2)
+    model = make_model()
+    model, opt = engine.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = make_data(4)
+    with engine.accumulate(model):
+        engine.backward(F.mse_loss(model(x), y))
+    try:
+        engine.save_sharded_state(directory)
+    except RuntimeError as error:
+        return str(error)
+    return None
