@@ -41,9 +41,9 @@ class Masks:
         first = f"{indent}pass  # accel-lint: ipython {key}"
         return [first] + [f"{indent}# accel-lint: ipython {key}+" for _ in original[1:]]
 
-    def restore(self, text: str) -> str | None:
-        """`text` with the original IPython lines back (re-indented if a fix moved them);
-        None when a placeholder was lost or duplicated, so the text cannot be trusted."""
+    def restore(self, text: str, keys: set[int]) -> str | None:
+        """`text` with the original IPython lines back (re-indented if a fix moved them); None
+        unless exactly the placeholders `keys` are there once each (a fix lost or copied one)."""
         out: list[str] = []
         seen: set[int] = set()
         for line in text.split("\n"):
@@ -54,13 +54,14 @@ class Masks:
             key = int(match.group("key"))
             if line.endswith("+"):
                 continue  # a continuation: its text comes back with the first line
-            if key in seen or key not in self.lines:
+            if key in seen or key not in keys:
                 return None
             seen.add(key)
             out += _reindent(self.lines[key], match.group("indent"))
-        return "\n".join(out)
+        return "\n".join(out) if seen == keys else None
 
     def keys_in(self, text: str) -> set[int]:
+        """The placeholders in a masked text."""
         found = (_PLACEHOLDER.match(line) for line in text.split("\n"))
         return {int(m.group("key")) for m in found if m and not m.group().endswith("+")}
 

@@ -79,6 +79,7 @@ class Program:
     masks: Masks
     newline_added: set[int]  # cells whose source did not end with a newline
     index: CellIndex
+    ipython: dict[int, set[int]]  # cell number -> the keys of its IPython placeholders
 
     def cell_sources(self, fixed: str) -> dict[int, str] | None:
         """Each cell's new source from a fixed program (the cells that changed only); None when
@@ -93,7 +94,7 @@ class Program:
                 if not body.endswith("\n"):
                     return None
                 body = body[:-1]
-            source = self.masks.restore(body)
+            source = self.masks.restore(body, self.ipython[cell.number])
             if source is None:
                 return None
             if source != cell.source:
@@ -109,6 +110,7 @@ def build(notebook: Notebook) -> Program:
     cells: list[Cell] = []
     newline_added: set[int] = set()
     lines: dict[int, list[str]] = {}
+    ipython: dict[int, set[int]] = {}
     python = notebook.language in (None, "python")
     for cell in notebook.code_cells if python else ():
         masked = mask_cell(cell.source, masks)
@@ -119,8 +121,9 @@ def build(notebook: Notebook) -> Program:
             newline_added.add(cell.number)
         cells.append(cell)
         lines[cell.number] = cell.source.split("\n")
+        ipython[cell.number] = masks.keys_in(masked)
         pieces.append(_MARKER.format(number=cell.number) + "\n" + masked)
         rows.append(None)
         rows += [(cell.number, row) for row in range(1, masked.count("\n") + 1)]
     index = CellIndex(tuple(rows), lines)
-    return Program(notebook, "".join(pieces), cells, masks, newline_added, index)
+    return Program(notebook, "".join(pieces), cells, masks, newline_added, index, ipython)
