@@ -1,0 +1,79 @@
+"""What the server lints: snapshots of open documents, linted with their project's config.
+
+A snapshot is the text of one document at one version; every result keeps the snapshot it came
+from, so a result is published (or used for a code action) only while it still describes the
+document the editor shows. The resolver is rebuilt when a config file changes, so an edited
+`[tool.accel-lint]` applies to the next lint without restarting the server.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from linter.types import Diagnostic
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    uri: str
+    version: int | None
+    text: str
+    path: Path  # where the text claims to live: its config is the one found from there
+
+    def same_as(self, other: Snapshot | None) -> bool:
+        return other is not None and (other.version, other.text) == (self.version, self.text)
+
+
+@dataclass(frozen=True)
+class Linted:
+    snapshot: Snapshot
+    diagnostics: list[Diagnostic]
+    unsafe_fixes: bool  # the project's `unsafe-fixes`: unsafe quick fixes are offered only then
+
+
+class Linter:
+    """Lints snapshots; used from one worker thread, so the resolver needs no lock."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._resolver = None
+
+    def config_changed(self) -> None:
+        self._resolver = None
+
+    def resolver(self):
+        if self._resolver is None:
+            from linter.config import Overrides, Resolver
+
+            self._resolver = Resolver(Overrides(), cwd=self.root)
+        return self._resolver
+
+    def lint(self, snapshot: Snapshot) -> Linted:
+        """The findings left after `# noqa` (raises ConfigError for an invalid config)."""
+        from linter.text import lint_text
+
+        resolver = self.resolver()
+        result = lint_text(snapshot.text, snapshot.path, resolver)
+        unsafe = resolver.for_path(snapshot.path).unsafe_fixes
+        return Linted(snapshot, result.diagnostics, unsafe)
+
+    def fix_all(self, snapshot: Snapshot, unsafe: bool) -> str:
+        """The text with every applicable fix applied (the original when a fix misbehaves)."""
+        from linter.text import lint_text
+
+        choice = "unsafe" if unsafe else "safe"
+        result = lint_text(snapshot.text, snapshot.path, self.resolver(), choice)
+        if result.error or result.fixed is None:
+            return snapshot.text
+        return result.fixed
+
+
+def lintable(path: Path) -> bool:
+    """Python sources only: a notebook arrives through notebook sync, not as one text."""
+    return path.suffix in (".py", ".pyi") or not path.suffix
+
+
+def default_root() -> Path:
+    return Path(os.getcwd())
