@@ -1,16 +1,18 @@
 """IPython syntax in code cells: masked by placeholders for the analysis, restored untouched after.
 
 A line magic (`%timeit step()`), a shell line (`!pip install x`, `files = !ls`), help (`model?`,
-`??model`) and an automagic `pip install` are not Python; each such line (with its backslash
+`??model`) and an automagic (`pip install x`, `ls -l`: a magic's name without `%`, on a line that is
+not Python by itself) are not Python; each such line (with its backslash
 continuations) becomes a placeholder statement with the same number of lines, so every other line
 keeps its number and column. A cell magic whose body is Python (`%%time`, `%%capture` ...) masks
 only its first line; any other cell magic (`%%bash`, `%%writefile`) makes the cell not Python.
-Only lines at the start of a statement are considered: a `%` inside brackets is Python's modulo.
+Only lines where a statement starts are considered (the tokenizer, fed line by line, says
+where): a `%` inside brackets is Python's modulo.
 """
 
 from __future__ import annotations
 
-import io
+import ast
 import re
 import tokenize
 from dataclasses import dataclass, field
@@ -22,10 +24,13 @@ _IPYTHON_LINE = re.compile(
     r"[!%?]"  # a magic, a shell command, help before a name
     r"|[A-Za-z_][\w.]*\?{1,2}\s*$"  # help after a name: model? / model.forward??
     r"|[A-Za-z_][\w.]*(?:\s*,\s*[A-Za-z_][\w.]*)*\s*=\s*[!%]"  # files = !ls
-    r"|(?:pip|conda|mamba)\s+(?:install|uninstall)\b"  # automagic
+)
+# IPython's automagics most seen in notebooks (the magic's name without its `%`).
+_AUTOMAGIC = re.compile(
+    r"(?:cat|cd|clear|conda|cp|env|history|less|load_ext|ls|man|matplotlib|mkdir|more|mv|pip"
+    r"|pwd|reload_ext|rm|rmdir|run|set_env|who|whos)\s+\S"
 )
 _PLACEHOLDER = re.compile(r"^(?P<indent>[ \t]*)(?:pass  )?# accel-lint: ipython (?P<key>\d+)\+?$")
-_NEEDS_TOKENIZER = re.compile(r"[\"'(\[{\\]")
 
 
 @dataclass
@@ -76,22 +81,75 @@ def mask_cell(source: str, masks: Masks) -> str | None:
             return None
         lines[0:1] = masks.placeholder([lines[0]])
         start = 1
-    out = lines[:start]
-    pending: list[str] = []
-    index = start
-    while index < len(lines):
-        line = lines[index]
-        if not pending and _IPYTHON_LINE.match(line.lstrip()):
-            end = _continued(lines, index)
-            out += masks.placeholder(lines[index:end])
-            index = end
-            continue
-        out.append(line)
-        pending.append(line)
-        if _complete(pending):
-            pending = []
-        index += 1
-    return "\n".join(out)
+    masker = _Masker(lines, start, masks)
+    try:  # one pass of the tokenizer, fed line by line: it knows where statements start
+        for token in tokenize.generate_tokens(masker.readline):
+            masker.saw(token)
+    except (tokenize.TokenError, SyntaxError, ValueError):
+        pass  # invalid Python: the parser will say where; the rest is masked line by line
+    return "\n".join(masker.rest())
+
+
+class _Masker:
+    """Feeds a cell's lines to the tokenizer, masking an IPython line met at a statement start."""
+
+    def __init__(self, lines: list[str], start: int, masks: Masks):
+        self.lines, self.index, self.masks = lines, start, masks
+        self.out = lines[:start]
+        self.queue: list[str] = []  # lines taken, not yet handed to the tokenizer
+        self.depth = 0  # open brackets
+        self.last: int | None = None  # the type of the last token seen
+
+    def readline(self) -> str:
+        if not self.queue:
+            if self.index >= len(self.lines):
+                return ""
+            self.queue = self._take(statement_start=self._at_statement_start())
+            self.out += self.queue
+        return self.queue.pop(0) + "\n"
+
+    def _take(self, statement_start: bool) -> list[str]:
+        line = self.lines[self.index]
+        if statement_start and _is_ipython(line.lstrip()):
+            end = _continued(self.lines, self.index)
+            taken, self.index = self.lines[self.index : end], end
+            return self.masks.placeholder(taken)
+        self.index += 1
+        return [line]
+
+    def saw(self, token: tokenize.TokenInfo) -> None:
+        if token.type == tokenize.OP and token.string in "([{":
+            self.depth += 1
+        elif token.type == tokenize.OP and token.string in ")]}":
+            self.depth = max(0, self.depth - 1)
+        self.last = token.type
+
+    def _at_statement_start(self) -> bool:
+        """After a NEWLINE, or a blank or comment line outside brackets (never inside a string
+        or after a backslash: the tokenizer then asks for a line before ending one)."""
+        if self.last in (None, tokenize.NEWLINE):
+            return True
+        return self.last == tokenize.NL and self.depth == 0
+
+    def rest(self) -> list[str]:
+        """Every line: those the tokenizer did not reach (it stopped at an error) masked alone."""
+        while self.index < len(self.lines):
+            self.out += self._take(statement_start=True)
+        return self.out
+
+
+def _is_ipython(line: str) -> bool:
+    if _IPYTHON_LINE.match(line):
+        return True
+    return _AUTOMAGIC.match(line) is not None and not _parses(line)
+
+
+def _parses(line: str) -> bool:
+    try:
+        compile(line, "<cell>", "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return False
+    return True
 
 
 def _continued(lines: list[str], index: int) -> int:
@@ -100,21 +158,6 @@ def _continued(lines: list[str], index: int) -> int:
     while lines[end - 1].endswith("\\") and end < len(lines):
         end += 1
     return end
-
-
-def _complete(lines: list[str]) -> bool:
-    """Whether these lines end a statement (no open bracket, string or backslash)."""
-    if len(lines) == 1 and not _NEEDS_TOKENIZER.search(lines[0]):
-        return True
-    readline = io.StringIO("\n".join(lines) + "\n").readline
-    try:
-        for _ in tokenize.generate_tokens(readline):
-            pass
-    except tokenize.TokenError:
-        return False
-    except (SyntaxError, ValueError):
-        return True  # invalid Python: the parser will say so; do not swallow later lines
-    return True
 
 
 def _indent(line: str) -> str:

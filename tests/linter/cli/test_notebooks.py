@@ -191,7 +191,7 @@ def test_ipython_lines_are_masked_and_python_lines_kept():
     cell = (
         "!pip install accelerate\n%timeit step()\nmodel?\n??model.forward\nfiles = !ls\n"
         "pip install -q torch\nx = (a\n     % b)\nfor b in dl:\n    %time step(b)\n"
-        "!echo a \\\n  b\n"
+        "!echo a \\\n  b\nls -l data\nls = 3\ncd -1\n"
     )
     assert mask_cell(cell, masks) == (
         "pass  # accel-lint: ipython 0\npass  # accel-lint: ipython 1\n"
@@ -199,9 +199,10 @@ def test_ipython_lines_are_masked_and_python_lines_kept():
         "pass  # accel-lint: ipython 4\npass  # accel-lint: ipython 5\n"
         "x = (a\n     % b)\nfor b in dl:\n    pass  # accel-lint: ipython 6\n"
         "pass  # accel-lint: ipython 7\n# accel-lint: ipython 7+\n"
+        "pass  # accel-lint: ipython 8\nls = 3\ncd -1\n"  # Python stays Python
     )
     assert mask_cell("%%time\nloss.backward()", masks) == (
-        "pass  # accel-lint: ipython 8\nloss.backward()"
+        "pass  # accel-lint: ipython 9\nloss.backward()"
     )
     assert mask_cell("%%bash\nloss.backward()", masks) is None  # not Python: not linted
 
