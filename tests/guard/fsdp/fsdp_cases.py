@@ -160,3 +160,85 @@ def engine_mid_window_save(directory: str):
     except RuntimeError as error:
         return str(error)
     return None
+
+
+# -- raw loops under the guard ---------------------------------------------------------------------
+
+
+def _fully_shard(model: torch.nn.Module) -> torch.nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.blocks:
+        fully_shard(block)
+    return fully_shard(model)
+
+
+def raw_fsdp2_loop(sync_off: bool, fp16: bool, n: int = 2, steps: int = 2):
+    """A hand-written FSDP2 accumulation loop: loss / n, gradient sync off on the first n - 1
+    micro-batches when `sync_off`, fp16 autocast with a GradScaler when `fp16`, unscale and
+    torch's clip_grad_norm_ over the DTensor parameters at the step."""
+    guard.reset()
+    model = _fully_shard(make_model())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler("cpu", enabled=fp16)
+    x, y = make_data(4 * n * steps, seed=dist.get_rank())
+    counter, norms = {"calls": 0}, []
+    with counting_reduce_scatters(counter):
+        for i in range(n * steps):
+            last = (i + 1) % n == 0
+            if sync_off:
+                model.set_requires_gradient_sync(last)
+            with torch.autocast("cpu", dtype=torch.float16, enabled=fp16):
+                out = model(x[4 * i : 4 * i + 4])
+            loss = F.mse_loss(out.float(), y[4 * i : 4 * i + 4]) / n
+            scaler.scale(loss).backward()
+            if last:
+                scaler.unscale_(opt)
+                norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).full_tensor())
+                scaler.step(opt)
+                scaler.update()
+                opt.zero_grad()
+    return {"findings": _findings(), "reduce_scatters": counter["calls"], "norms": norms}
+
+
+def _overflow_on_rank_one(params) -> None:
+    """Simulate an fp16 overflow confined to rank 1's shard of the gradients."""
+    if dist.get_rank() == 1:
+        grad = next(p.grad for p in params if p.grad is not None)
+        local(grad).view(-1)[0] = float("inf")
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def scaler_with_a_one_rank_overflow(kind: str):
+    """One step whose gradients overflow only in rank 1's shard: "fsdp1-amp" (FSDP1 with
+    torch.amp.GradScaler: rank 0 steps, rank 1 skips), "fsdp1-sharded" (ShardedGradScaler) and
+    "fsdp2-amp" (FSDP2's DTensor gradients) agree."""
+    guard.reset()
+    if kind.startswith("fsdp1"):
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        model = FullyShardedDataParallel(make_model(), device_id=torch.device("cpu"))
+    else:
+        model = _fully_shard(make_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if kind == "fsdp1-sharded":
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        scaler = ShardedGradScaler("cpu")
+    else:
+        scaler = torch.amp.GradScaler("cpu")
+    x, y = make_data(4, seed=dist.get_rank())
+    scaler.scale(F.mse_loss(model(x), y)).backward()
+    _overflow_on_rank_one(list(model.parameters()))
+    before = torch.cat([local(p.detach()).reshape(-1) for p in model.parameters()]).clone()
+    raised = None
+    try:
+        scaler.step(opt)
+    except guard.GuardError as error:
+        raised = str(error)
+    after = torch.cat([local(p.detach()).reshape(-1) for p in model.parameters()])
+    scaler.update()
+    return {"raised": raised, "stepped": not torch.equal(before, after), "findings": _findings()}
