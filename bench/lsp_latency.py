@@ -2,9 +2,10 @@
 
 Starts `python -m linter.server` as an editor would (LSP over stdio, pygls's client), opens
 `fixtures/lsp/train_500.py` (a 540-line training script with four findings), then types: each
-round sends one incremental change (a keystroke that flips a default value, `log_every: int = 5`
-to 6 and back) and waits for the publishDiagnostics that carries the new version. The first
-rounds warm the server up and are not counted.
+round sends one incremental change (an edit of a default value, `log_every: int = 5` becoming
+6, 7, 8, ...: every version is a text the server has never seen) and waits for the
+publishDiagnostics that carries the new version. The first rounds warm the server up and are
+not counted.
 
 Also prints the server's CPU time per answer (from /proc: a figure the load hardly moves),
 the analysis alone (`lint_text` in this process) on the same text, so the server's
@@ -79,16 +80,18 @@ async def measure(rounds: int, warmup: int) -> tuple[list[float], int, float | N
 
     line = text[: text.index(KEYSTROKE_LINE)].count("\n")
     column = KEYSTROKE_LINE.index("5")
-    where = types.Range(
-        start=types.Position(line=line, character=column),
-        end=types.Position(line=line, character=column + 1),
-    )
+    value = "5"
     latencies, findings, cpu_start = [], 0, None
     pid = client.lsp._server.pid
     for version in range(2, 2 + warmup + rounds):
         if version == 2 + warmup:
             cpu_start = cpu_seconds(pid)
-        change = types.TextDocumentContentChangePartial(range=where, text="56"[version % 2])
+        where = types.Range(
+            start=types.Position(line=line, character=column),
+            end=types.Position(line=line, character=column + len(value)),
+        )
+        value = str(4 + version)
+        change = types.TextDocumentContentChangePartial(range=where, text=value)
         document = types.VersionedTextDocumentIdentifier(uri=uri, version=version)
         sent = time.perf_counter()
         client.lsp.text_document_did_change(

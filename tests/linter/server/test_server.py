@@ -233,13 +233,40 @@ def test_a_burst_of_changes_is_answered_for_the_latest_version(lsp):
         assert (not publication.diagnostics) == holds_clean, publication.version
 
 
-def test_close_clears_the_documents_diagnostics(lsp):
+def test_save_lints_again_and_close_clears(lsp):
     uri = lsp.open(lsp.root / "closed.py", TRAIN)
-    lsp.run(lsp.diagnostics(uri, 1))
+    first = lsp.run(lsp.diagnostics(uri, 1))
     seen = len(lsp.publications(uri))
+    lsp.save(uri)
+    saved = lsp.run(lsp.next_publication(uri, after=seen))
+    assert saved.version == 1 and list(saved.diagnostics) == first
+    seen += 1
     lsp.close(uri)
     cleared = lsp.run(lsp.next_publication(uri, after=seen))
     assert list(cleared.diagnostics) == [] and cleared.version is None
+
+
+def test_an_untitled_buffer_is_linted_too(lsp):
+    uri = "untitled:Untitled-1"
+    item = types.TextDocumentItem(uri=uri, language_id="python", version=1, text=TRAIN)
+    lsp.client.text_document_did_open(types.DidOpenTextDocumentParams(text_document=item))
+    assert len(lsp.run(lsp.diagnostics(uri, 1))) == 5
+
+
+def test_an_invalid_config_is_shown_once_and_nothing_stale_stays(lsp):
+    project = lsp.root / "invalid_config"
+    project.mkdir()
+    (project / "pyproject.toml").write_text('[tool.accel-lint]\nselect = ["NOPE"]\n')
+    first = lsp.open(project / "a.py", TRAIN)
+    assert lsp.run(lsp.diagnostics(first, 1)) == []
+    second = lsp.open(project / "b.py", TRAIN)
+    assert lsp.run(lsp.diagnostics(second, 1)) == []
+    shown = [m for m in lsp.messages if "NOPE" in m.message]
+    assert len(shown) == 1 and shown[0].type == types.MessageType.Error
+    assert "unknown rule selector" in shown[0].message
+    lsp.messages.remove(shown[0])
+    lsp.close(first)
+    lsp.close(second)
 
 
 def test_requests_on_an_unknown_document_answer_nothing(lsp):
