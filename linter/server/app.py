@@ -87,6 +87,9 @@ class AccelLintServer(LanguageServer):
 
     async def current(self, uri: str) -> Linted | None:
         """The result for the document's current text (linting it now if needed)."""
+        running = self._running.get(uri)
+        if running is not None:  # the lint of the newest text is on its way: wait, not lint twice
+            await asyncio.shield(running)
         snapshot = self.snapshot(uri)
         if snapshot is None:
             return None

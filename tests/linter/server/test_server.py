@@ -224,6 +224,8 @@ def test_a_burst_of_changes_is_answered_for_the_latest_version(lsp):
     lsp.run(lsp.diagnostics(uri, 1))
     for version in range(2, 8):  # sent back to back, as fast typing does
         lsp.change(uri, version, CLEAN if version % 2 else TRAIN)
+    # Asked mid-burst, a code action answers for the newest text (CLEAN: nothing to offer).
+    assert lsp.run(lsp.code_actions(uri, lsp.whole_line(11))) == []
     assert lsp.run(lsp.diagnostics(uri, 7)) == []  # version 7 holds CLEAN
     lsp.run(lsp.hover(uri, 0, 0))  # a round trip: anything published before it has arrived
     versions = [p.version for p in lsp.publications(uri)]
