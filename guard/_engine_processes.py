@@ -122,25 +122,25 @@ class ProcessHelpers:
             yield
 
     def on_main_process(self, function: Callable | None = None) -> Callable:
-        return _only_if(function, lambda: self.is_main_process)
+        return _only_if(self, function, lambda: self.is_main_process)
 
     def on_local_main_process(self, function: Callable | None = None) -> Callable:
-        return _only_if(function, lambda: self.is_local_main_process)
+        return _only_if(self, function, lambda: self.is_local_main_process)
 
     def on_last_process(self, function: Callable) -> Callable:
-        return _only_if(function, lambda: self.is_last_process)
+        return _only_if(self, function, lambda: self.is_last_process)
 
     def on_process(self, function: Callable | None = None, process_index: int | None = None):
         if function is None:
             return functools.partial(self.on_process, process_index=process_index)
-        return _only_if(function, lambda: self.process_index == process_index)
+        return _only_if(self, function, lambda: self.process_index == process_index)
 
     def on_local_process(
         self, function: Callable | None = None, local_process_index: int | None = None
     ):
         if function is None:
             return functools.partial(self.on_local_process, local_process_index=local_process_index)
-        return _only_if(function, lambda: self.local_process_index == local_process_index)
+        return _only_if(self, function, lambda: self.local_process_index == local_process_index)
 
     # ------------------------------------------------------------------ splitting, padding
     @contextlib.contextmanager
@@ -190,7 +190,8 @@ class ProcessHelpers:
 
     # --------------------------------------------------------------------------- memory
     def free_memory(self, *objects: Any) -> list[None]:
-        """Forget the prepared objects (to prepare new ones), reset the window, collect garbage.
+        """Forget the prepared objects (to prepare new ones), restart the window and its step
+        counters, collect garbage.
 
         Returns one None per argument, to assign back, as Accelerate's."""
         self._models.clear()
@@ -220,13 +221,15 @@ def _goes_first(first: bool) -> Iterator[None]:
         distributed.barrier()
 
 
-def _only_if(function: Callable | None, allowed: Callable[[], bool]) -> Callable:
+def _only_if(engine: Any, function: Callable | None, allowed: Callable[[], bool]) -> Callable:
+    """`function` run where `allowed()` holds (everywhere on one process, as Accelerate's)."""
     if function is None:
         raise ValueError("use this decorator on a function: @engine.on_main_process")
 
     @functools.wraps(function)
     def run(*args: Any, **kwargs: Any) -> Any:
-        return function(*args, **kwargs) if allowed() else None
+        runs = allowed() or not engine.use_distributed
+        return function(*args, **kwargs) if runs else None
 
     return run
 

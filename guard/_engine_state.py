@@ -13,6 +13,9 @@ file per process with the engine's own state:
     guard_engine_<rank>.pt     the accumulation window, the scaler and, mid-window, this rank's
                                accumulated gradients (Engine.state_dict)
 
+FSDP2-sharded models are saved and loaded by `save_sharded_state` / `load_sharded_state` instead
+(torch.distributed.checkpoint, one shard per rank; see guard/_fsdp2.py).
+
 Process 0 writes the shared files (once per machine with `save_on_each_node`), every process its
 own random states and engine state. Loading a folder without `guard_engine_*` (an Accelerate
 checkpoint) restores the window position from the "step" Accelerate stores.
@@ -32,6 +35,9 @@ from typing import Any
 
 import torch
 from torch.utils import hooks
+
+from guard import _fsdp2
+from guard._tracker import TRACKER
 
 _CHECKPOINT_NUMBER = re.compile(r"([0-9]+)(?=[^/\\]*$)")
 _CUSTOM_FILE = re.compile(r"^custom_checkpoint_\d+\.pkl$")
@@ -136,6 +142,10 @@ class Checkpointing:
         """Everything a resumed run needs, in the layout of this module's docstring."""
         output = Path(self._checkpoint_folder(output_dir))
         output.mkdir(parents=True, exist_ok=True)
+        if any(_fsdp2.is_sharded(m) for m in self._models):  # FSDP2: the sharded DCP layout
+            self.save_sharded_state(output)
+            self.project_configuration.iteration += 1
+            return output
         weights = [self.get_state_dict(m, unwrap=False) for m in self._models]
         for hook in self.__dict__.get("_save_state_hooks", {}).values():
             hook(self._models, weights, str(output))
@@ -181,6 +191,9 @@ class Checkpointing:
     ) -> None:
         """Restore what `save_state` wrote; prepare the same objects, in the same order, first."""
         folder = Path(self._input_folder(input_dir))
+        if any(_fsdp2.is_sharded(m) for m in self._models):
+            self.load_sharded_state(folder)
+            return
         for hook in self.__dict__.get("_load_state_hooks", {}).values():
             hook(self._models, str(folder))
         kwargs.pop("map_location", None)
@@ -222,6 +235,19 @@ class Checkpointing:
         for i, obj in enumerate(self._custom_objects):
             path = folder / f"custom_checkpoint_{i}.pkl"
             obj.load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
+
+    def _credit_restored_window(self) -> None:
+        """The guard counts each window's backward passes per optimizer; a window restored
+        mid-way began before this process did, so its micro-steps count as seen (else its
+        short first step looks like ACL312's early gate)."""
+        if not TRACKER.active:
+            return
+        done = self._window.length
+        for optimizer in self._optimizers:
+            state = TRACKER.state(optimizer.optimizer)
+            state.contrib_backwards += done
+            if self.scaler is not None:
+                state.contrib_scaled += done
 
     def _writes_shared_files(self) -> bool:
         if self.project_configuration.save_on_each_node:

@@ -31,6 +31,11 @@ from torch.utils.data import DataLoader
 
 from guard import _engine_checks as checks
 from guard import _fsdp2, distributed
+from guard._engine_options import AccelerateOptions
+from guard._engine_processes import ProcessHelpers
+from guard._engine_state import Checkpointing
+from guard._engine_tracking import Tracking
+from guard._engine_unsupported import UnsupportedNames
 from guard._tracker import TRACKER
 from guard._window import Window
 from guard.prepared import (
@@ -69,7 +74,7 @@ class _Accumulate:
             self._stack = None
 
 
-class Engine:
+class Engine(Checkpointing, ProcessHelpers, Tracking, AccelerateOptions, UnsupportedNames):
     """A training engine with Accelerate's method names and correct accumulation semantics.
 
     Args:
@@ -84,18 +89,24 @@ class Engine:
         fsdp_plugin: shard prepared models with FSDP2 (`fully_shard`) instead of wrapping them in
             DDP, under several processes: a `guard.FSDP2Plugin` (block policy, resharding) or
             True for its defaults. See guard/_fsdp2.py.
+        **accelerate_options: Accelerator's other arguments (cpu, log_with, project_dir, ...),
+            for scripts written for Accelerate; see guard/_engine_options.py.
     """
 
     def __init__(
         self,
-        mixed_precision: Precision = "no",
+        mixed_precision: Precision | None = "no",
         gradient_accumulation_steps: int = 1,
         device: str | torch.device | None = None,
         *,
         tail: Tail = "accelerate",
         split_batches: bool = False,
         fsdp_plugin: Any = None,
+        **accelerate_options: Any,
     ):
+        mixed_precision, device = self._adopt_accelerate_options(
+            mixed_precision, device, accelerate_options
+        )
         if mixed_precision not in ("no", "fp16", "bf16"):
             raise ValueError(f"mixed_precision must be no, fp16 or bf16, not {mixed_precision!r}")
         if tail not in ("accelerate", "exact"):
@@ -120,6 +131,7 @@ class Engine:
         self._overflow = checks.OverflowStreak()
         self._token_means = checks.TokenMeans()
         self._tail_noted = False
+        self._finish_accelerate_options()
 
     # ----------------------------------------------------------------- process information
     @property
@@ -391,21 +403,12 @@ class Engine:
             return gathered
         return _truncate(gathered, loaders[-1].remainder)
 
-    def reduce(self, tensor: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
-        """Sum (or mean) a tensor over processes."""
-        total = distributed.all_reduce_sum(tensor.clone())
-        return total / self.num_processes if reduction == "mean" else total
-
     def skip_first_batches(
         self, loader: PreparedDataLoader, num_batches: int
     ) -> PreparedDataLoader:
         """The same prepared loader, whose next pass starts after `num_batches` (for resuming)."""
         loader.skip_batches = num_batches
         return loader
-
-    def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        is_ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
-        return model.module if is_ddp else model
 
     # ------------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -441,6 +444,7 @@ class Engine:
                 raise ValueError("checkpoint holds gradients for a different set of parameters")
             for param, grad in zip(params, state["grads"], strict=True):
                 param.grad = None if grad is None else grad.to(param.device, param.dtype)
+            self._credit_restored_window()
 
     def save_sharded_state(self, directory: Any) -> None:
         """FSDP2: models, optimizers, schedulers and this engine's state, written sharded (one

@@ -54,7 +54,7 @@ def train(engine, model, opt, loader, sched, counter=None, stop=None, clip=0.5) 
         with engine.accumulate(model):
             loss = F.mse_loss(model(xb), yb)
             engine.backward(loss)
-            if engine.sync_gradients:
+            if clip is not None and engine.sync_gradients:
                 engine.clip_grad_norm_(model.parameters(), clip)
             opt.step()
             sched.step()
