@@ -25,8 +25,8 @@ def configuration(tracker: Any, rec: Any) -> dict:
         "mode": _report.mode(),
         "trainer": _trainer_name(owner),
         "precision_requested": _requested(owner),
-        "precision_effective": _effective(tracker, owner),
-        "grad_scaler": bool(tracker.scaled),
+        "precision_effective": _effective(rec),
+        "grad_scaler": bool(rec and rec.scaled),
         "accumulation_steps": _accumulation(owner),
         "accumulation_observed": Counter(windows).most_common(1)[0][0] if windows else None,
         "optimizers": [_optimizer_row(s) for s in (rec.series if rec else [])],
@@ -59,17 +59,17 @@ def _requested(owner: Any) -> str | None:
     return None if value is None else str(getattr(value, "value", value))
 
 
-def _effective(tracker: Any, owner: Any) -> str:
-    """What really ran: the autocast regions entered (fp16 or another low precision, bf16 in
-    practice) and whether a GradScaler scaled the loss. Accelerate on a CPU reports fp16 and
-    trains fp32: this shows it."""
-    if "fp16-autocast" in tracker.facts:
-        dtype = "fp16"
-    elif "autocast" in tracker.facts:
-        dtype = "bf16"
-    else:
-        dtype = "fp32"
-    return dtype + (" + GradScaler" if tracker.scaled else "")
+_SHORT = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32"}
+
+
+def _effective(rec: Any) -> str:
+    """What really ran: the dtypes of the enabled autocast regions entered (fp32 when none) and
+    whether a GradScaler scaled the loss. Accelerate on a CPU reports fp16 and trains fp32:
+    this shows it."""
+    if rec is None:
+        return "unknown"
+    dtypes = ", ".join(_SHORT.get(d, d.replace("torch.", "")) for d in rec.autocast) or "fp32"
+    return dtypes + (" + GradScaler" if rec.scaled else "")
 
 
 def _accumulation(owner: Any) -> int | None:

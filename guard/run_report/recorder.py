@@ -78,9 +78,12 @@ class Recording:
 
     def __init__(self) -> None:
         self.series: list[Series] = []
+        self.series_of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer ->
         self.schedulers: dict[int, str] = {}  # id -> class name, in first-stepped order
         self.markers: dict[tuple[str, str | None], list[int]] = {}  # finding -> windows it fired
         self.world_size, self.rank = 1, 0
+        self.autocast: list[str] = []  # dtypes of the enabled autocast regions entered
+        self.scaled = False  # an enabled GradScaler scaled a loss
 
     def current_window(self) -> int:
         """The window in progress of the first optimizer (findings are marked there)."""
@@ -118,16 +121,15 @@ def install(tracker) -> None:
     """Subscribe the recorder (a new recording per install: `uninstall()` ends a run)."""
     if installed_on(tracker):
         return
-    rec = Recording()
-    _RECORDING[:] = [rec]
+    _RECORDING[:] = [Recording()]
     _report.observe(_mark)
-    series_of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     pending: dict = {}
 
     def series(optimizer: Any) -> Series:
-        found = series_of.get(optimizer)
+        rec = _RECORDING[0]  # `forget()` may have started a new recording
+        found = rec.series_of.get(optimizer)
         if found is None:
-            found = series_of[optimizer] = Series(len(rec.series), optimizer)
+            found = rec.series_of[optimizer] = Series(len(rec.series), optimizer)
             rec.series.append(found)
             _note_world(rec)
         return found
@@ -194,7 +196,15 @@ def install(tracker) -> None:
                 _close(tracker, st, entry)
 
     def before_scheduler_step(scheduler, **_) -> None:
-        rec.schedulers.setdefault(id(scheduler), type(scheduler).__name__)
+        _RECORDING[0].schedulers.setdefault(id(scheduler), type(scheduler).__name__)
+
+    def entered_autocast(dtype, enabled, **_) -> None:
+        seen = _RECORDING[0].autocast
+        if enabled and str(dtype) not in seen:
+            seen.append(str(dtype))
+
+    def scaled(**_) -> None:
+        _RECORDING[0].scaled = True
 
     tracker.subscribe("backward_pre", before_backward)
     tracker.subscribe("backward", after_backward)
@@ -205,6 +215,8 @@ def install(tracker) -> None:
     tracker.subscribe("scaler_step", after_scaler_step)
     tracker.subscribe("update", after_update)
     tracker.subscribe("scheduler_step_pre", before_scheduler_step)
+    tracker.subscribe("autocast_enter", entered_autocast, when="autocast")
+    tracker.subscribe("scale", scaled)
     _SUBSCRIBED[:] = [before_scheduler_step]
 
 
