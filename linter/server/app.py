@@ -14,7 +14,7 @@ import logging
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePath
-from urllib.parse import unquote
+from urllib.parse import unquote, urlparse
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
@@ -44,12 +44,15 @@ class AccelLintServer(LanguageServer):
     # --- documents and their results ---
 
     def snapshot(self, uri: str) -> Snapshot | None:
-        """The open document's current text, or None once it is closed or not Python."""
+        """The open document's current text, or None once it is closed or not a Python file.
+
+        Notebook cells (`vscode-notebook-cell:` ...) are left alone: linted one by one, a loop
+        that spans cells would be judged without its setup."""
         document = self.workspace.text_documents.get(unquote(uri))
-        if document is None:
+        if document is None or urlparse(uri).scheme not in ("file", "untitled"):
             return None
         path = Path(to_fs_path(uri) or document.path or "untitled.py")
-        if document.language_id not in (None, "python") and not lintable(path):
+        if not lintable(path, document.language_id):
             return None
         return Snapshot(document.uri, document.version, document.source, path)
 

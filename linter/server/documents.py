@@ -70,9 +70,11 @@ class Linter:
         return result.fixed
 
 
-def lintable(path: Path) -> bool:
-    """Python sources only: a notebook arrives through notebook sync, not as one text."""
-    return path.suffix in (".py", ".pyi") or not path.suffix
+def lintable(path: Path, language_id: str | None) -> bool:
+    """Python sources only (a `.ipynb` opened as text is the notebook's JSON)."""
+    if path.suffix in (".py", ".pyi"):
+        return True
+    return path.suffix != ".ipynb" and language_id in (None, "python")
 
 
 def default_root() -> Path:

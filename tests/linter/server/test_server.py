@@ -248,11 +248,20 @@ def test_save_lints_again_and_close_clears(lsp):
     assert list(cleared.diagnostics) == [] and cleared.version is None
 
 
-def test_an_untitled_buffer_is_linted_too(lsp):
-    uri = "untitled:Untitled-1"
-    item = types.TextDocumentItem(uri=uri, language_id="python", version=1, text=TRAIN)
-    lsp.client.text_document_did_open(types.DidOpenTextDocumentParams(text_document=item))
-    assert len(lsp.run(lsp.diagnostics(uri, 1))) == 5
+def test_untitled_buffers_are_linted_notebook_cells_and_other_languages_not(lsp):
+    def open_as(uri: str, language: str) -> None:
+        item = types.TextDocumentItem(uri=uri, language_id=language, version=1, text=TRAIN)
+        lsp.client.text_document_did_open(types.DidOpenTextDocumentParams(text_document=item))
+
+    cell = f"vscode-notebook-cell:{lsp.root}/train.ipynb#W0sZmlsZQ%3D%3D"
+    open_as(cell, "python")  # one cell alone would be judged without the others
+    text_file = from_fs_path(str(lsp.root / "notes.txt"))
+    open_as(text_file, "plaintext")
+    open_as("untitled:Untitled-1", "python")
+    # Lints run one at a time in the order asked: had the others been linted, their
+    # diagnostics would have arrived before these.
+    assert len(lsp.run(lsp.diagnostics("untitled:Untitled-1", 1))) == 5
+    assert lsp.publications(cell) == [] and lsp.publications(text_file) == []
 
 
 def test_an_invalid_config_is_shown_once_and_nothing_stale_stays(lsp):
