@@ -17,6 +17,7 @@ from linter.types import Diagnostic
 
 if TYPE_CHECKING:
     from linter.config import Resolver
+    from linter.notebooks import CellIndex
 
 FixChoice = Literal["none", "safe", "unsafe"]
 _FIRST_NEWLINE = re.compile(r"\r\n|\r|\n")
@@ -28,8 +29,8 @@ class TextResult:
     fixed: str | None = None  # the fixed text when fix != "none" (equal to the input if no fix)
     fixes_applied: int = 0
     error: str | None = None  # a fix that produced invalid syntax (the text was kept)
-    # For a notebook: the cell each line of the linted program came from (reporters need it).
-    cells: object | None = field(default=None, compare=False)
+    # A notebook's positions are in its program (all code cells); this maps them to cells.
+    cells: CellIndex | None = field(default=None, compare=False)
 
 
 def lint_text(
