@@ -227,3 +227,17 @@ def test_a_fix_that_crosses_a_cell_boundary_is_refused():
     assert (
         program.cell_sources(program.text.replace("1\n# accel-lint: notebook cell 2\n", "")) is None
     )
+
+
+def test_a_compact_notebook_with_string_sources_keeps_its_layout(project, fake_rules, invoke):
+    cells = [
+        {"cell_type": "code", "metadata": {}, "outputs": [], "source": "x = 1  # café\n"},
+        {"cell_type": "code", "metadata": {}, "outputs": [], "source": "loss.backward()  # é"},
+    ]
+    text = json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 4})
+    (project / "c.ipynb").write_text(text)  # one line, non-ASCII escaped as json.dumps does
+    assert invoke("--no-cache", "--fix", "c.ipynb").exit_code == 0
+    old = '"loss.backward()  # \\u00e9"'
+    assert (project / "c.ipynb").read_text() == text.replace(
+        old, '"accelerator.backward(loss)  # \\u00e9"'
+    )
