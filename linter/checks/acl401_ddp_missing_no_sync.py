@@ -8,6 +8,7 @@ import libcst as cst
 
 from linter.context import make_fix
 from linter.model import distributed as dist
+from linter.model import fsdp2_models as fsdp2
 from linter.model.cst_util import code, dotted, int_value, walk
 from linter.types import Edit, Position
 
@@ -21,6 +22,7 @@ def check(ctx) -> None:
         late = _too_late_regions(ctx, loop, gate)
         if not late and gate is not None and not dist.mentions_sync_control(model, loop):
             _missing_no_sync(ctx, loop, gate)
+            _fsdp2_without_sync_switch(ctx, loop, gate)
 
 
 def _accumulation_gate(model, loop):
@@ -132,6 +134,23 @@ def _missing_no_sync(ctx, loop, gate) -> None:
         fix,
         notes=(note,) if note else (),
     )
+
+
+def _fsdp2_without_sync_switch(ctx, loop, gate) -> None:
+    """An FSDP2 model reduce-scatters in every backward unless its gradient sync is switched
+    off; the catalogue makes this a hint (info): skipping the sync keeps the unsharded
+    gradients in memory until the last micro-step."""
+    for sharded, forward in fsdp2.sharded_in(ctx.model, loop):
+        k = code(gate.k) if int_value(gate.k) is not None else f"`{code(gate.k)}`"
+        ctx.report(
+            forward.call,
+            f"FSDP2 model `{sharded.name}` (sharded on line {ctx.line_of(sharded.call)}) "
+            f"reduce-scatters its gradients on every micro-step, but the optimizer steps only "
+            f"every {k} micro-steps: call `{sharded.name}.set_requires_gradient_sync(False)` "
+            "before the other micro-steps' backward and `True` before the last one's (that "
+            "keeps their unsharded gradients in memory until then)",
+            severity="info",
+        )
 
 
 def _wrap_micro_step(ctx, loop, gate, held, forward):

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from linter.model import Model, TrainingLoop
 from linter.model.ddp_models import DDPModel, ddp_held_by, inside, loop_calls
 
-_SYNC_WORDS = {"no_sync", "require_backward_grad_sync"}
+_SYNC_WORDS = {"no_sync", "require_backward_grad_sync", "set_requires_gradient_sync"}  # + FSDP2
 
 
 # no_sync regions and sync toggles --------------------------------------------------------
@@ -107,9 +107,10 @@ def _context_calls(node, conditional: bool):
 
 
 def mentions_sync_control(model: Model, loop: TrainingLoop) -> bool:
-    """Whether the loop controls DDP's gradient sync in any way: `no_sync` or
-    `require_backward_grad_sync` in its body (an `ExitStack`, a conditional context), in a
-    module function it calls, or in a name it reads (`ctx = model.no_sync if ... else ...`)."""
+    """Whether the loop controls DDP's gradient sync in any way: `no_sync`,
+    `require_backward_grad_sync` or FSDP2's `set_requires_gradient_sync` in its body (an
+    `ExitStack`, a conditional context), in a module function it calls, or in a name it reads
+    (`ctx = model.no_sync if ... else ...`)."""
     if _mentions(loop.node):
         return True
     if isinstance(loop.node, cst.FunctionDef) and _caller_controls_sync(model, loop.scope):

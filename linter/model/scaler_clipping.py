@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from linter.model.cst_util import code, last_part, positional
+from linter.model.cst_util import code, int_value, last_part, positional, string_value
 from linter.model.functions import Stmt
 from linter.model.loops import Site, same_path
 from linter.model.scaler_protocol import (
@@ -211,14 +211,49 @@ def engine_precision(engine) -> str | None:
 
 
 def fsdp_configured(model: Model) -> bool:
-    """An FSDP plugin in the file: `FullyShardedDataParallelPlugin(...)` or `fsdp_plugin=`."""
+    """An FSDP1 plugin in the file, where torch's clip measures one rank's shard:
+    `FullyShardedDataParallelPlugin(...)` without `fsdp_version=2`, or `fsdp_plugin=` given
+    something else. FSDP2 (`fsdp_version=2`, the guard engine's `guard.FSDP2Plugin(...)` /
+    `fsdp_plugin=True`) shards parameters as DTensors, whose norm torch all-reduces."""
     return model.memo("scaler_protocol.fsdp", _find_fsdp)
 
 
+_FSDP_PLUGIN = "FullyShardedDataParallelPlugin"
+
+
 def _find_fsdp(model: Model) -> bool:
+    plugins = [c.call for c in model.calls if _qualified_last(model, c.call) == _FSDP_PLUGIN]
+    if any(not _fsdp2_plugin(model, call) for call in plugins):
+        return True
     for call in model.calls:
-        if last_part(model.imports.qualify(call.call.func)) == "FullyShardedDataParallelPlugin":
-            return True
-        if any(a.keyword is not None and a.keyword.value == "fsdp_plugin" for a in call.call.args):
-            return True
+        for arg in call.call.args:
+            if arg.keyword is not None and arg.keyword.value == "fsdp_plugin":
+                if not _fsdp2_value(model, arg.value, bool(plugins)):
+                    return True
     return False
+
+
+def _qualified_last(model: Model, call: cst.Call) -> str:
+    return last_part(model.imports.qualify(call.func))
+
+
+def _fsdp2_plugin(model: Model, call: cst.Call) -> bool:
+    """`FullyShardedDataParallelPlugin(..., fsdp_version=2)` (Accelerate's default is 1)."""
+    return any(
+        a.keyword is not None and a.keyword.value == "fsdp_version" and int_value(a.value) == 2
+        for a in call.args
+    )
+
+
+def _fsdp2_value(model: Model, value: cst.BaseExpression, plugins_seen: bool) -> bool:
+    """An `fsdp_plugin=` value that is FSDP2: the guard engine's `FSDP2Plugin(...)`, `True` or
+    `"fsdp2"`, or a plugin the file builds (judged at its constructor); a name bound elsewhere
+    counts as FSDP2 only when every plugin the file builds is one."""
+    if isinstance(value, cst.Call):
+        name = _qualified_last(model, value)
+        return name == "FSDP2Plugin" or (name == _FSDP_PLUGIN and _fsdp2_plugin(model, value))
+    if isinstance(value, cst.Name) and value.value in ("True", "None", "False"):
+        return True  # the guard engine's FSDP2 defaults, or no FSDP at all
+    if isinstance(value, cst.SimpleString) and string_value(value) == "fsdp2":
+        return True
+    return plugins_seen

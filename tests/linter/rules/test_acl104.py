@@ -733,3 +733,65 @@ def test_optimizer_wrapper_split_into_backward_and_step_methods_is_clean(acl104)
         wrapper.step()
     """
     assert acl104.findings(source) == []
+
+
+# FSDP2: torch's clip over DTensor parameters all-reduces the norm -----------------------------
+ACCELERATE_FSDP = """
+import torch
+from accelerate import Accelerator, FullyShardedDataParallelPlugin
+
+plugin = FullyShardedDataParallelPlugin(fsdp_version=VERSION)
+accelerator = Accelerator(mixed_precision="bf16", fsdp_plugin=plugin)
+for batch in dl:
+    accelerator.backward(model(**batch).loss)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+"""
+
+
+def test_accelerate_fsdp2_plugin_in_bf16_is_not_flagged(acl104, at):
+    assert acl104.findings(ACCELERATE_FSDP.replace("VERSION", "2")) == []
+    inline = ACCELERATE_FSDP.replace("VERSION", "2").replace(
+        "fsdp_plugin=plugin", "fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2)"
+    )
+    assert acl104.findings(inline) == []
+    for fsdp1 in ("1", "version"):  # FSDP1, or a version the linter cannot read
+        source = ACCELERATE_FSDP.replace("VERSION", fsdp1)
+        (diagnostic,) = acl104.diagnostics(source)
+        assert (diagnostic.start.line, diagnostic.start.column) == at(source, "torch.nn.utils")
+        assert "per-shard" in diagnostic.message
+
+
+GUARD_FSDP2 = """
+import torch
+import guard
+
+engine = guard.Engine(mixed_precision="bf16", fsdp_plugin=PLUGIN)
+for x, y in loader:
+    engine.backward(crit(model(x), y))
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+"""
+
+
+def test_guard_engine_fsdp2_in_bf16_is_not_flagged(acl104, at):
+    for plugin in ("True", "guard.FSDP2Plugin()", '"fsdp2"'):
+        assert acl104.findings(GUARD_FSDP2.replace("PLUGIN", plugin)) == [], plugin
+    fp16 = GUARD_FSDP2.replace("PLUGIN", "True").replace('"bf16"', '"fp16"')
+    assert acl104.findings(fp16) == [("ACL104", *at(fp16, "torch.nn.utils"))]  # still scaled
+    (diagnostic,) = acl104.diagnostics(fp16)
+    assert "loss scale" in diagnostic.message and "per-shard" not in diagnostic.message
+
+
+def test_raw_fully_shard_loop_clipping_dtensors_is_not_flagged(acl104):
+    source = """
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard(model)
+    for x, y in dl:
+        crit(model(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step(); opt.zero_grad()
+    """
+    assert acl104.findings(source) == []

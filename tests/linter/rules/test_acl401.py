@@ -608,3 +608,61 @@ for i, batch in enumerate(dl):
     assert "(`quiet` may be `model.no_sync()`, line 9)" in diagnostic.message
     inside = source.replace("    FORWARD_OUT\n", "").replace("FORWARD_IN", forward)
     assert acl401.findings(inside) == []
+
+
+# FSDP2 (`fully_shard`) --------------------------------------------------------------------------
+FSDP2 = """
+import torch
+from torch.distributed.fsdp import fully_shard
+
+model = Net()
+for block in model.layers:
+    fully_shard(block)
+fully_shard(model)
+for i, (x, y) in enumerate(dl):
+    loss = crit(model(x), y) / N
+    loss.backward()
+    if (i + 1) % N == 0:
+        opt.step(); opt.zero_grad()
+"""
+
+
+def test_fsdp2_accumulation_without_the_sync_switch_is_an_info_hint(acl401, at):
+    (diagnostic,) = acl401.diagnostics(FSDP2)
+    assert (diagnostic.code, diagnostic.severity, diagnostic.fix) == ("ACL401", "info", None)
+    assert (diagnostic.start.line, diagnostic.start.column) == at(FSDP2, "model(x)")
+    assert diagnostic.message == (
+        "FSDP2 model `model` (sharded on line 8) reduce-scatters its gradients on every "
+        "micro-step, but the optimizer steps only every `N` micro-steps: call "
+        "`model.set_requires_gradient_sync(False)` before the other micro-steps' backward and "
+        "`True` before the last one's (that keeps their unsharded gradients in memory until then)"
+    )
+
+
+def test_fsdp2_spellings_bound_or_aliased_are_hinted(acl401, at):
+    bound = FSDP2.replace("fully_shard(model)\n", "model = fully_shard(model)\n")
+    aliased = FSDP2.replace(
+        "from torch.distributed.fsdp import fully_shard", "import torch.distributed.fsdp as fsdp"
+    ).replace("fully_shard(", "fsdp.fully_shard(")
+    composable = FSDP2.replace("torch.distributed.fsdp", "torch.distributed._composable.fsdp")
+    for source in (bound, aliased, composable):
+        assert acl401.findings(source) == [("ACL401", *at(source, "model(x)"))], source
+
+
+def test_fsdp2_with_the_sync_switch_or_without_accumulation_is_not_flagged(acl401):
+    switched = FSDP2.replace(
+        "    loss = crit(",
+        "    model.set_requires_gradient_sync((i + 1) % N == 0)\n    loss = crit(",
+    )
+    helper = FSDP2.replace(
+        "for i, (x, y) in enumerate(dl):\n",
+        "def sync(m, on):\n    m.set_requires_gradient_sync(on)\n\n"
+        "for i, (x, y) in enumerate(dl):\n    sync(model, (i + 1) % N == 0)\n",
+    )
+    every_step = FSDP2.replace(
+        "    if (i + 1) % N == 0:\n        opt.step()", "    if True:\n        opt.step()"
+    )
+    only_blocks = FSDP2.replace("fully_shard(model)\n", "")  # `model` itself was never sharded
+    not_torch = FSDP2.replace("from torch.distributed.fsdp import", "from mylib import")
+    for source in (switched, helper, every_step, only_blocks, not_torch):
+        assert acl401.findings(source) == [], source
