@@ -21,9 +21,15 @@ timm-style `__call__`). A scaled backward or a torch clip inside a function of t
 loop calls counts at the call; a clip on the `else` side of the branch that steps through the
 scaler is the fp32 path and is not flagged. After an Accelerator's or guard engine's `backward`
 it flags torch's clip functions when the engine's precision is fp16 or not statically known, or
-when the file configures an FSDP plugin; not after `mixed_precision="no"` / `"bf16"` without FSDP
-(the guard engine's default is `"no"`), and not after the engine's own `clip_grad_norm_` or
-`unscale_gradients()`.
+when the file configures an FSDP1 plugin: a `FullyShardedDataParallelPlugin(...)` without a
+literal `fsdp_version=2`, or an `fsdp_plugin=` argument whose value is not FSDP2. Not after
+`mixed_precision="no"` / `"bf16"` without FSDP1 (the guard engine's default is `"no"`), and not
+after the engine's own `clip_grad_norm_` or `unscale_gradients()`. FSDP2 is not FSDP1 here:
+`FullyShardedDataParallelPlugin(fsdp_version=2)`, the guard engine's `fsdp_plugin=True` /
+`guard.FSDP2Plugin(...)` / `"fsdp2"`, and a raw loop over a model sharded with `fully_shard`
+shard parameters as DTensors, whose norm torch's `clip_grad_norm_` all-reduces, so only the
+loss scale (fp16) matters there. A name passed as `fsdp_plugin=` counts as FSDP2 when every
+plugin the file builds is one.
 
 ## Why is this bad?
 Between `scale()` and `unscale_()` gradients are S times too large, so clipping compares S times
@@ -62,6 +68,9 @@ a second flagged clip of the same path until the first one is fixed (a second un
 ## At runtime
 While training, the guard patches torch's clip functions. If the scaler is enabled and the
 optimizer owning the parameters is still in the `READY` stage (not `UNSCALED`), it raises ACL104.
-For FSDP1 modules the call is reported and redirected to the module's own `clip_grad_norm_`.
+For FSDP1 modules the call is reported and redirected to the module's own `clip_grad_norm_`
+(a warning), and clipping part of an FSDP1 model's parameters is an error (FSDP1 clips the whole
+model). For FSDP2 (DTensor parameters) torch's clip returns the all-reduced global norm, which
+the guard reads like any other; nothing is reported.
 """,
 )

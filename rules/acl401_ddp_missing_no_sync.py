@@ -22,7 +22,16 @@ context, an `ExitStack`, a name bound to it, a module function the loop calls) a
 `with accelerator.no_sync(m):` block (or `with ctx:` where `ctx` is bound to `m.no_sync()` or to
 `nullcontext() if last else m.no_sync()`) that holds a backward but not `m`'s forward, reported at
 the context. A forward through `m.module(...)` is ACL405's finding, not this one. Not flagged:
-`accelerator.accumulate()`, `sync_each_batch=True`, FSDP, DeepSpeed, apex and fairscale wrappers.
+`accelerator.accumulate()`, `sync_each_batch=True`, FSDP1, DeepSpeed, apex and fairscale wrappers.
+
+FSDP2: a model handed to `fully_shard(...)` (from `torch.distributed.fsdp` or
+`torch.distributed._composable.fsdp`, any import spelling; as a statement or `m = fully_shard(m)`,
+outside a loop) whose forward runs in such a manual accumulation loop that never mentions
+`set_requires_gradient_sync` (nor `no_sync`) gets a hint (severity info, no fix) at the forward:
+it reduce-scatters on every micro-step. A hint, not a warning, because switching the sync off
+keeps each unit's unsharded gradients in memory until the last micro-step. Blocks sharded inside
+a loop (`for block in model.layers: fully_shard(block)`) are units of the model, not models of
+their own.
 
 ## Why is this bad?
 DDP all-reduces gradients in every backward unless the forward ran under `no_sync()`. With N-step
@@ -64,6 +73,10 @@ forward and backward are in different blocks, or when several DDP models run in 
 
 ## At runtime
 A forward pre-hook on the DDP module reads `require_backward_grad_sync`; if it is true on a
-non-sync micro-step, the guard reports ACL401 as a performance warning.
+non-sync micro-step, the guard reports ACL401 as a performance warning. For sharded models
+(FSDP2, FSDP1) the guard counts the collectives: it wraps `torch.distributed.reduce_scatter_single`
+/ `reduce_scatter_tensor`, marks each backward pass during which one was issued, and reports
+ACL401 (a warning) at an optimizer step whose window had more than one such pass (more than one
+process, not under `sync_each_batch=True`).
 """,
 )
