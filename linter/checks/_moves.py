@@ -1,4 +1,4 @@
-"""Edits that move a one-line statement to another block (ACL304, ACL305).
+"""Edits that move a one-line statement to another block (ACL303, ACL304, ACL305).
 
 A statement moves as its whole physical line, trailing comment included, re-indented to the
 line it goes after. Only a statement alone on its own line moves, and never the last statement
@@ -59,3 +59,23 @@ def move_after(ctx, stmt: Stmt, anchor: Stmt) -> list[Edit] | None:
         return None
     edit = insert_after(ctx, stmt, anchor)
     return [delete(ctx, stmt), edit] if edit is not None else None
+
+
+def move_before(ctx, stmts: list[Stmt], anchor: Stmt) -> list[Edit] | None:
+    """Delete the lines of `stmts` and insert them, in order, just before `anchor`'s line, at
+    its indentation; None when one of them cannot move."""
+    if not all(movable(ctx, stmt) for stmt in stmts):
+        return None
+    if not isinstance(anchor.line, cst.SimpleStatementLine) or not _alone(ctx, anchor):
+        return None
+    at_line = ctx.span(anchor.line)[0].line
+    indent = ctx.indentation(at_line)
+    texts = [ctx.lines[ctx.line_of(stmt.line) - 1].strip() for stmt in stmts]
+    at = Position(at_line, 0)
+    inserted = Edit(at, at, "".join(f"{indent}{text}\n" for text in texts))
+    return [delete(ctx, stmt) for stmt in stmts] + [inserted]
+
+
+def _alone(ctx, stmt: Stmt) -> bool:
+    start, _ = ctx.span(stmt.line)
+    return not ctx.lines[start.line - 1][: start.column].strip()

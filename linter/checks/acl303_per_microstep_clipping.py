@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import libcst as cst
 
+from linter.checks import _moves as moves
 from linter.context import make_fix
+from linter.model import windows
 from linter.model.cst_util import code, dotted, int_value, walk
 
 
@@ -13,6 +15,7 @@ def check(ctx) -> None:
     model = ctx.model
     for loop in model.loops:
         found = []
+        gates = {}  # id(site) -> its manual gate
         for site in loop.of_kind("clip", "unscale"):
             if model.on_update_step(loop, site.stmt, site.call):
                 continue
@@ -26,8 +29,9 @@ def check(ctx) -> None:
                 gate = model.gate_for(loop, site.stmt)
                 if _gated_manually(gate, site):
                     found.append((site, _condition(gate), "a manual accumulation loop"))
+                    gates[id(site)] = gate
         for run in _runs(found):
-            _report_run(ctx, run)
+            _report_run(ctx, run, _step_anchor(model, loop, gates.get(id(run[0][0])), run))
 
 
 def _accumulates_once(model, receiver) -> bool:
@@ -78,10 +82,81 @@ def _condition(gate) -> str | None:
     return text if gate.holds else f"not ({text})"
 
 
-def _report_run(ctx, run) -> None:
+def _step_anchor(model, loop, gate, run):
+    """The first optimizer step of the gate's branch, when the clip must move there rather than
+    be wrapped in the gate's condition where it stands: a write between the clip and the gate
+    of a name the condition reads (`step += 1` after it: the copied test would be one micro-step
+    off), gradients divided in the branch (the clip must see the averaged gradients), or a gate
+    with no last-batch clause (ACL307's fix adds one to the gate, which a copy would miss).
+    None when wrapping in place keeps the meaning."""
+    if gate is not None and gate.kind == "micro-loop":
+        return _step_after_micro_loop(loop, gate, run)
+    if gate is None or gate.kind not in ("modulo", "counter") or gate.test is None:
+        return None
+    steps = sorted(
+        (s.stmt for s in loop.steps if any(f.node is gate.node for f in s.stmt.frames)),
+        key=lambda stmt: stmt.order,
+    )
+    if not steps or _frames_outside(steps[0], gate.node) != _frame_ids(run[0][0].stmt):
+        return None  # the clip sits under a condition of its own (`if args.fp16:`): keep it
+    last = run[-1][0].stmt
+    read = {n.value for n in walk(gate.test) if isinstance(n, cst.Name)}
+    written = {
+        name
+        for name, defs in last.scope.defs.items()
+        if any(last.order < d.stmt.order < steps[0].order for d in defs)
+    }
+    divided = any(
+        s.kind == "grad_div"
+        and s.stmt.order < steps[0].order
+        and any(f.node is gate.node for f in s.stmt.frames)
+        for s in loop.sites
+    )
+    no_clause = any(
+        w.gate.node is gate.node and not w.last_batch_clause for _, w in windows.window_gates(model)
+    )
+    return steps[0] if read & written or divided or no_clause else None
+
+
+def _step_after_micro_loop(loop, gate, run):
+    """The first optimizer step after the micro-step loop, in the block that holds the loop
+    (`for micro_step in range(K): ... backward()` then `opt.step()`): the clip moves there."""
+    block = _frames_outside(run[0][0].stmt, gate.node)
+    if _frame_ids(run[0][0].stmt) != [*block, id(gate.node)]:
+        return None  # under a condition inside the micro-step loop: keep it
+    after = [
+        s.stmt
+        for s in loop.steps
+        if s.stmt.order > run[-1][0].stmt.order
+        and not any(f.node is gate.node for f in s.stmt.frames)
+        and _frame_ids(s.stmt) == block
+    ]
+    return min(after, key=lambda stmt: stmt.order) if after else None
+
+
+def _frame_ids(stmt) -> list[int]:
+    return [id(f.node) for f in stmt.frames]
+
+
+def _frames_outside(stmt, node) -> list[int]:
+    """The frames of `stmt` up to (not including) the micro-step loop `node`."""
+    ids = []
+    for frame in stmt.frames:
+        if frame.node is node:
+            return ids
+        ids.append(id(frame.node))
+    return ids
+
+
+def _report_run(ctx, run, anchor=None) -> None:
     condition = run[0][1]
     fix = None
-    if condition is not None and not any(_binds_name_read_elsewhere(s.stmt) for s, _, _ in run):
+    if any(_binds_name_read_elsewhere(s.stmt) for s, _, _ in run):
+        pass  # `norm = clip(...)` read later: moving or gating it would change what is read
+    elif anchor is not None:
+        edits = moves.move_before(ctx, [s.stmt for s, _, _ in run], anchor)
+        fix = make_fix("Move it into the optimizer-step branch", *(edits or []))
+    elif condition is not None:
         edit = ctx.wrap_in_if([s.stmt.line for s, _, _ in run], condition)
         fix = make_fix(f"Run it only when `{condition}`", edit)
     for site, _, where in run:

@@ -459,3 +459,113 @@ def test_clip_beside_a_gated_call_of_a_step_function(acl303, at):
     )
     assert "if (i + 1)" not in every_batch
     assert acl303.findings(every_batch) == []
+
+
+def test_clip_before_the_counter_increment_moves_into_the_step_branch(acl303, at):
+    """Wrapping the clip in `if step % K == 0:` before `step += 1` would clip on the first
+    micro-step of each window instead of the last: the fix moves it before the step instead
+    (found by the generated-loop properties, tests/generated/)."""
+    source = """
+    step = 0
+    for x, y in dl:
+        (crit(model(x), y) / K).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        step += 1
+        if step % K == 0:
+            opt.step()
+            opt.zero_grad()
+    """
+    assert acl303.findings(source) == [("ACL303", *at(source, "torch.nn.utils.clip"))]
+    assert acl303.fixed(source) == textwrap.dedent(
+        """
+    step = 0
+    for x, y in dl:
+        (crit(model(x), y) / K).backward()
+        step += 1
+        if step % K == 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+    """
+    )
+
+
+def test_clip_of_divided_gradients_moves_after_the_division(acl303):
+    """When the step branch divides the gradients, the clip must see the averaged ones: moved
+    before the step (after the division), not wrapped where it stands."""
+    source = """
+    for i, (x, y) in enumerate(dl):
+        crit(model(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if (i + 1) % K == 0 or i + 1 == len(dl):
+            for p in model.parameters():
+                p.grad.div_(K)
+            opt.step()
+            opt.zero_grad()
+    """
+    assert acl303.fixed(source) == textwrap.dedent(
+        """
+    for i, (x, y) in enumerate(dl):
+        crit(model(x), y).backward()
+        if (i + 1) % K == 0 or i + 1 == len(dl):
+            for p in model.parameters():
+                p.grad.div_(K)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+    """
+    )
+
+
+def test_clip_inside_a_micro_step_loop_moves_before_the_step_after_it(acl303, at):
+    source = """
+    for step in range(steps):
+        for micro_step in range(K):
+            x, y = next(batches)
+            (crit(model(x), y) / K).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+    """
+    assert acl303.findings(source) == [("ACL303", *at(source, "torch.nn.utils.clip"))]
+    assert acl303.fixed(source) == textwrap.dedent(
+        """
+    for step in range(steps):
+        for micro_step in range(K):
+            x, y = next(batches)
+            (crit(model(x), y) / K).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+    """
+    )
+
+
+def test_with_acl307_the_clip_moves_into_the_gate_that_gains_the_last_batch_clause():
+    """A copy of a gate with no last-batch clause would skip the clip on the tail window once
+    ACL307's fix adds `or i + 1 == len(dl)` to the gate: the clip moves into the branch instead
+    (found by the generated-loop properties, tests/generated/)."""
+    from linter.analysis import analyze_source
+    from linter.fixer import fix_text
+
+    source = """
+    for i, (x, y) in enumerate(dl):
+        (crit(model(x), y) / K).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if (i + 1) % K == 0:
+            opt.step()
+            opt.zero_grad()
+    """
+    analyse = lambda text: analyze_source(text, "snippet.py", ["ACL303", "ACL307"])  # noqa: E731
+    outcome = fix_text(textwrap.dedent(source), analyse, unsafe=True)
+    assert outcome.error is None and analyse(outcome.text) == []
+    assert outcome.text == textwrap.dedent(
+        """
+    for i, (x, y) in enumerate(dl):
+        (crit(model(x), y) / K).backward()
+        if (i + 1) % K == 0 or i + 1 == len(dl):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+    """
+    )
