@@ -46,9 +46,19 @@ class Roles:
                 if dotted(arg) in self.setup.engines:
                     return self.setup.engines[dotted(arg)]
         if _ENGINE_NAME.match(last_part(text)):
+            sole = self._sole_engine() if "." in text else None
+            if sole is not None:  # `self.accelerator` holding the one the module builds
+                return sole
             kind = "accelerate" if "accel" in text else "fabric" if "fabric" in text else "unknown"
             return Engine(text, kind, None)
         return None
+
+    def _sole_engine(self) -> Engine | None:
+        """The module's one Accelerator/guard engine, when it constructs exactly one: a trainer
+        keeps it in an attribute, whose precision and K are then that construction's."""
+        built = {id(e.node): e for e in self.setup.engines.values() if e.node is not None}
+        engines = [e for e in built.values() if e.kind in ("accelerate", "guard")]
+        return engines[0] if len(built) == 1 and engines else None
 
     def scaler_role(self, text: str | None, scope: Scope | None = None) -> str | None:
         """ "enabled" / "disabled" for an expression holding a GradScaler, else None."""

@@ -735,6 +735,47 @@ def test_optimizer_wrapper_split_into_backward_and_step_methods_is_clean(acl104)
     assert acl104.findings(source) == []
 
 
+def test_trainer_attribute_holds_the_modules_one_engine(acl104, at):
+    """`self.accelerator` / `self.engine` handed to a trainer is the module's one construction:
+    its precision decides (found by the generated-loop properties, tests/generated/)."""
+    template = """
+    import torch
+    {imports}
+
+    class Trainer:
+        def __init__(self, model, optimizer, loader, {name}):
+            self.model, self.optimizer, self.loader = model, optimizer, loader
+            self.{name} = {name}
+
+        def fit(self):
+            for x, y in self.loader:
+                with self.{name}.accumulate(self.model):
+                    self.{name}.backward(crit(self.model(x), y))
+                    if self.{name}.sync_gradients:
+                        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 0.05)
+                    self.optimizer.step()
+                    self.optimizer.zero_grad()
+
+    def main():
+        {name} = {build}
+        model, optimizer, loader = {name}.prepare(Net(), opt, dl)
+        Trainer(model, optimizer, loader, {name}).fit()
+    """
+    pinned = template.format(
+        imports="from accelerate import Accelerator",
+        name="accelerator",
+        build='Accelerator(cpu=True, mixed_precision="no", gradient_accumulation_steps=2)',
+    )
+    assert acl104.findings(pinned) == []
+    fp16 = template.format(
+        imports="import guard",
+        name="engine",
+        build='guard.Engine(mixed_precision="fp16", gradient_accumulation_steps=2)',
+    )
+    assert acl104.findings(fp16) == [("ACL104", *at(fp16, "torch.nn.utils.clip"))]
+    assert "self.engine.clip_grad_norm_(self.model.parameters(), 0.05)" in acl104.fixed(fp16)
+
+
 # FSDP2: torch's clip over DTensor parameters all-reduces the norm -----------------------------
 ACCELERATE_FSDP = """
 import torch
