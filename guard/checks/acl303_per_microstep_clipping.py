@@ -4,7 +4,8 @@ Accelerate: a clip or `unscale_` while `accelerator.sync_gradients` is False (N 
 before it runs. Plain loops have no sync flag, so the window shows it: gradients clipped (or
 unscaled) and then another backward adds to them before any optimizer step. That is reported
 right after that backward: still before the step, and before torch's "unscale_() has already
-been called" error in fp16. The engine checks its own `clip_grad_norm_` (E1).
+been called" error in fp16; a second `unscale_` with no step since the first (a zero_grad between
+them) is reported before torch raises. The engine checks its own `clip_grad_norm_` (E1).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def install(tracker) -> None:
 
     def before_unscale(state, **_) -> None:
         _refuse_off_sync([state], "unscale_")
+        if state.prepared_by is None and state.unscaled and _KEY not in state.extra:
+            _second_unscale(state)  # (still marked: `_after_backward` has reported it)
 
     def after_unscale(state, **_) -> None:
         if state.prepared_by is None:
@@ -57,6 +60,17 @@ def _refuse_off_sync(states, what: str) -> None:
                 "fails in fp16); put it under `if accelerator.sync_gradients:`",
             )
             return
+
+
+def _second_unscale(st) -> None:
+    """`unscale_` again with no optimizer step since the first (a zero_grad between them hides
+    the partial sum from `_after_backward`): torch is about to refuse it."""
+    report(
+        "ACL303",
+        f"scaler.unscale_ runs again after {st.backwards} backward pass(es) with no optimizer step "
+        "since the last unscale_ (torch refuses a second unscale_ before update()): unscale and "
+        "clip only in the branch that steps the optimizer",
+    )
 
 
 def _after_backward(states, via, **_) -> None:

@@ -14,7 +14,9 @@ An optimizer that zeroes its own gradients is left alone too: LBFGS's closure ru
 inside `step()`, and two-pass optimizers such as SAM zero between their passes in `first_step()`
 after using the gradients themselves. A zero_grad after a loader pass ended with no backward
 since (the next epoch's first zero_grad) drops the pass's unstepped tail: that is ACL307's
-finding, reported when the pass ended, so it is not reported twice.
+finding, reported when the pass ended, so it is not reported twice. Prepared loaders flush their
+tail and read one batch ahead (the pass "ends" before its last batch runs), so for prepared
+optimizers a discard right after a pass ended is still this finding.
 """
 
 from __future__ import annotations
@@ -45,13 +47,16 @@ def install(tracker) -> None:
         pass_end["backward_id"] = tracker.backward_id
 
     def before_zero_grad(owner, states, **_) -> None:
-        if tracker.backward_id in (last_step["backward_id"], pass_end["backward_id"]):
-            return  # every backward was followed by a step, or by the end of a pass (ACL307)
+        if tracker.backward_id == last_step["backward_id"]:
+            return  # every backward was followed by a step
         if getattr(owner, "training", True) is False:
             return  # a module in eval mode: gradients of an evaluation (saliency), not a window
+        pass_ended = tracker.backward_id == pass_end["backward_id"]
         for st in states:
             if id(st.optimizer) in stepping:
                 continue
+            if pass_ended and st.prepared_by is None:
+                continue  # the end of a plain pass left this tail: ACL307's finding
             if st.contrib_backwards and _finite_grads(st.optimizer) and _is_discard(st):
                 if not _called_by_an_optimizer():
                     _report(owner, st)

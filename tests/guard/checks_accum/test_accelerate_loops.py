@@ -131,6 +131,21 @@ def test_acl304_zero_grad_at_the_top_of_the_block_raises_before_wiping(guard_on)
     assert same(grads, grads_of(model))
 
 
+def test_acl304_window_ending_on_the_loaders_last_batch_is_still_caught(guard_on):
+    """The prepared loader reads one batch ahead, so its pass "ends" before the last batch runs;
+    a top-of-block zero_grad on that last batch (the sync step) still wipes the window (found by
+    the generated-loop properties, tests/generated/)."""
+    accelerator, model, opt, loader = prepared(batches=N)
+    with pytest.raises(guard_on.GuardError) as info:
+        for batch in loader:
+            with accelerator.accumulate(model):
+                opt.zero_grad()
+                accelerator.backward(mse(model, batch))
+                opt.step()
+    assert info.value.code == "ACL304"
+    assert "3 micro-batch(es) of a 4-micro-batch window" in str(info.value)
+
+
 # -- ACL306 ---------------------------------------------------------------------------------------
 
 

@@ -125,6 +125,24 @@ def test_acl303_fp16_unscale_each_micro_step_raises_before_torchs_error(guard_on
         scaler.unscale_(opt)
 
 
+def test_acl303_fp16_second_unscale_after_a_zero_grad_raises_before_torchs_error(guard_on):
+    """A zero_grad between two micro-steps' unscale_ calls hides the partial sum, but torch still
+    refuses the second unscale_: the guard names the cause first (found by the generated-loop
+    properties, tests/generated/)."""
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    batches = iter(make_loader())
+    scaler.scale(mse(model, next(batches))).backward()
+    scaler.unscale_(opt)
+    opt.zero_grad()
+    scaler.scale(mse(model, next(batches))).backward()
+    with pytest.raises(guard_on.GuardError) as info:
+        scaler.unscale_(opt)
+    assert info.value.code == "ACL303"
+    assert "no optimizer step since the last unscale_" in str(info.value)
+
+
 def test_acl303_clip_in_the_step_branch_is_fine(guard_on):
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
