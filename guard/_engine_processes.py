@@ -197,6 +197,7 @@ class ProcessHelpers:
         self._models.clear()
         self._optimizers.clear()
         self._schedulers.clear()
+        self._dataloaders.clear()
         fresh = type(self._window)(self.gradient_accumulation_steps)
         self._window.load_state_dict(fresh.state_dict())
         self._items, self._grads_ready = None, False

@@ -11,7 +11,8 @@ file per process with the engine's own state:
     random_states_<rank>.pkl   python, numpy, torch (and CUDA) generators, Accelerate's "step"
     custom_checkpoint_<i>.pkl  objects passed to register_for_checkpointing, in that order
     guard_engine_<rank>.pt     the accumulation window, the scaler and, mid-window, this rank's
-                               accumulated gradients (Engine.state_dict)
+                               accumulated gradients (Engine.state_dict); for each prepared
+                               loader, the generator states its current pass was drawn from
 
 FSDP2-sharded models are saved and loaded by `save_sharded_state` / `load_sharded_state` instead
 (torch.distributed.checkpoint, one shard per rank; see guard/_fsdp2.py).
@@ -127,6 +128,11 @@ class Checkpointing:
     def _custom_objects(self) -> list[Any]:
         return self.__dict__.setdefault("_registered_for_checkpointing", [])
 
+    @property
+    def _dataloaders(self) -> list[Any]:
+        """The prepared loaders, in prepare order (their pass states go in guard_engine_*)."""
+        return self.__dict__.setdefault("_prepared_dataloaders", [])
+
     def register_save_state_pre_hook(self, hook: Callable[..., None]) -> hooks.RemovableHandle:
         """`hook(models, weights, output_dir)` runs before save_state writes the weights."""
         return _add_hook(self.__dict__.setdefault("_save_state_hooks", {}), hook)
@@ -162,7 +168,9 @@ class Checkpointing:
         torch.save(_random_states(self.step), output / f"random_states_{rank}.pkl")
         for i, obj in enumerate(self._custom_objects):
             self.save(obj.state_dict(), output / f"custom_checkpoint_{i}.pkl")
-        torch.save(self.state_dict(), output / f"guard_engine_{rank}.pt")
+        loaders = [loader.pass_rng for loader in self._dataloaders]
+        engine_state = {"engine": self.state_dict(), "loader_rng": loaders}
+        torch.save(engine_state, output / f"guard_engine_{rank}.pt")
         self.project_configuration.iteration += 1
         return output
 
@@ -209,7 +217,10 @@ class Checkpointing:
         self._load_custom_objects(folder)
         engine_file = folder / f"guard_engine_{self.process_index}.pt"
         if engine_file.is_file():
-            self.load_state_dict(torch.load(engine_file, map_location="cpu", weights_only=True))
+            saved = torch.load(engine_file, map_location="cpu", weights_only=True)
+            self.load_state_dict(saved["engine"])
+            for loader, states in zip(self._dataloaders, saved["loader_rng"], strict=False):
+                loader.pass_rng = states
         elif step is not None:  # an Accelerate checkpoint: its micro-step counter
             self.step = step
 

@@ -9,7 +9,6 @@ differ where the catalogue says Accelerate is wrong or silent:
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -268,6 +267,8 @@ class PreparedDataLoader:
         self.remainder = 0  # real samples in the last global batch; 0 when it is full
         self.loader = self._shard(loader) if distributed.world_size() > 1 else loader
         self.skip_batches = 0  # batches the next pass drops first (resuming mid-epoch)
+        self.pass_rng: Any = None  # generator states the current pass drew its order from
+        engine._dataloaders.append(self)  # save_state keeps pass_rng for an exact resume
 
     def _shard(self, loader: DataLoader) -> DataLoader:
         if isinstance(loader.sampler, torch.utils.data.DistributedSampler):
@@ -312,6 +313,18 @@ class PreparedDataLoader:
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
 
+    def _resumed(self, skip: int) -> Iterator[Any]:
+        """The interrupted pass's iterator, `skip` batches on: its order (and worker seeds) drawn
+        again from the states it was drawn from, and the global generator left as load_state
+        restored it, so the rest of the pass sees the numbers the interrupted run would have."""
+        with torch.random.fork_rng(devices=[]):
+            if self.pass_rng is not None:
+                _set_generator_states(self.loader, self.pass_rng)
+            iterator = iter(self.loader)
+            for _ in range(skip):
+                next(iterator, None)
+        return iterator
+
     def __iter__(self) -> Iterator[Any]:
         window = self._engine._window
         device = self._engine.device
@@ -319,12 +332,11 @@ class PreparedDataLoader:
         window.loaders.append(self)
         try:
             skip, self.skip_batches = self.skip_batches, 0
-            # Resuming: the interrupted pass already drew its loader seeds from the RNG state
-            # that load_state restored, so skipping leaves the generator untouched.
-            with torch.random.fork_rng(devices=[]) if skip else contextlib.nullcontext():
+            if skip:
+                iterator = self._resumed(skip)
+            else:
+                self.pass_rng = _generator_states(self.loader)
                 iterator = iter(self.loader)
-                for _ in range(skip):
-                    next(iterator, None)
             try:
                 current = next(iterator)
             except StopIteration:
@@ -336,3 +348,24 @@ class PreparedDataLoader:
             yield to_device(current, device)
         finally:
             window.loaders.remove(self)
+
+
+def _generators(loader: DataLoader) -> list[torch.Generator]:
+    """The loader's own generators (its sampler's), without the global one."""
+    found: list[torch.Generator] = []
+    for owner in (loader, getattr(loader, "sampler", None), getattr(loader, "batch_sampler", None)):
+        generator = getattr(owner, "generator", None)
+        if isinstance(generator, torch.Generator) and all(generator is not g for g in found):
+            found.append(generator)
+    return found
+
+
+def _generator_states(loader: DataLoader) -> list[torch.Tensor]:
+    """The global CPU generator's state, then the loader's own generators' states."""
+    return [torch.get_rng_state()] + [g.get_state() for g in _generators(loader)]
+
+
+def _set_generator_states(loader: DataLoader, states: list[torch.Tensor]) -> None:
+    torch.set_rng_state(states[0])
+    for generator, state in zip(_generators(loader), states[1:], strict=False):
+        generator.set_state(state)

@@ -33,18 +33,21 @@ def make_model(seed: int = 0) -> torch.nn.Module:
     )
 
 
-def make_loader(samples: int, batch_size: int, seed: int = 1) -> DataLoader:
-    gen = torch.Generator().manual_seed(seed)
+def make_loader(samples: int, batch_size: int, order: str = "sequential") -> DataLoader:
+    """order: "sequential", "shuffled" (by the global generator) or "own-generator"."""
+    gen = torch.Generator().manual_seed(1)
     x, y = torch.randn(samples, IN, generator=gen), torch.randn(samples, OUT, generator=gen)
-    return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=False)
+    shuffle = order != "sequential"
+    own = torch.Generator().manual_seed(2) if order == "own-generator" else None
+    return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=shuffle, generator=own)
 
 
-def setup(engine, samples: int = 48, batch_size: int = 4, seed: int = 0):
+def setup(engine, samples: int = 48, batch_size: int = 4, seed: int = 0, order="sequential"):
     """Model, AdamW, loader and a StepLR scheduler, prepared by `engine` (either library)."""
     model = make_model(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
-    return engine.prepare(model, opt, make_loader(samples, batch_size), sched)
+    return engine.prepare(model, opt, make_loader(samples, batch_size, order), sched)
 
 
 def train(engine, model, opt, loader, sched, counter=None, stop=None, clip=0.5) -> int:

@@ -20,11 +20,11 @@ import guard
 N, STOP = 4, 6  # 12 micro-batches per pass; stop two micro-steps into the second window
 
 
-def _trained(engine, tmp, stop=STOP):
+def _trained(engine, tmp, stop=STOP, order="sequential"):
     """Seeded setup, a partial pass and save_state; returns the objects and the folder."""
     counter = Counter()
     engine.register_for_checkpointing(counter)
-    model, opt, loader, sched = setup(engine)
+    model, opt, loader, sched = setup(engine, order=order)
     train(engine, model, opt, loader, sched, counter, stop=stop)
     folder = engine.save_state(tmp)
     return model, opt, sched, counter, folder
@@ -54,25 +54,33 @@ def test_save_state_writes_accelerates_files_with_the_same_contents(tmp_path):
     assert rng[0]["random_state"] == rng[1]["random_state"]
 
 
-@pytest.mark.parametrize("precision", ["no", "fp16"])
-def test_resumed_run_ends_with_the_uninterrupted_runs_parameters(tmp_path, precision):
-    """Stop mid-window, save, scramble every generator, rebuild, load, skip, finish the pass."""
+@pytest.mark.parametrize(
+    "precision, order",
+    [("no", "sequential"), ("fp16", "sequential"), ("fp16", "shuffled"), ("no", "own-generator")],
+)
+def test_resumed_run_ends_with_the_uninterrupted_runs_parameters(tmp_path, precision, order):
+    """Stop mid-window, save, scramble every generator, rebuild, load, skip, finish the pass
+    (and a second epoch, whose order the restored generators draw)."""
     engine = guard.Engine(precision, gradient_accumulation_steps=N)
     torch.manual_seed(11)
-    model, opt, loader, sched = setup(engine)
+    model, opt, loader, sched = setup(engine, order=order)
+    train(engine, model, opt, loader, sched)
     train(engine, model, opt, loader, sched)
     expected = flat_params(model), engine.optimizer_steps, torch.rand(3)
 
     torch.manual_seed(11)
-    _trained(guard.Engine(precision, gradient_accumulation_steps=N), tmp_path)
+    _trained(guard.Engine(precision, gradient_accumulation_steps=N), tmp_path, order=order)
     torch.manual_seed(999), random.seed(999)  # a new process would start elsewhere
     resumed = guard.Engine(precision, gradient_accumulation_steps=N)
     counter = Counter()
     resumed.register_for_checkpointing(counter)
-    model, opt, loader, sched = setup(resumed, seed=3)  # other initial weights: load must win
+    model, opt, loader, sched = setup(resumed, seed=3, order=order)  # other weights: load wins
+    if loader.base_loader.generator is not None:
+        loader.base_loader.generator.manual_seed(5)  # scrambled too: the checkpoint's must win
     resumed.load_state(tmp_path)
     assert counter.seen == STOP
     train(resumed, model, opt, resumed.skip_first_batches(loader, STOP), sched, counter)
+    train(resumed, model, opt, loader, sched, counter)
     assert torch.equal(flat_params(model), expected[0])
     assert resumed.optimizer_steps == expected[1]
     assert torch.equal(torch.rand(3), expected[2])  # the generators continued, not restarted
