@@ -6,6 +6,8 @@ gradient clipping at the step, AdamW, batches from a DataLoader):
     plain         a hand-written loop, the guard uninstalled (torch exactly as without it)
     plain+guard   the same loop, the same model, optimizer and batches, the checks installed
                   (as by `import guard`; nothing fires)
+    plain+report  plain+guard with the run report on (ACCEL_GUARD_REPORT=run.json: the
+                  per-window series recorded), column r/a
     engine+guard  guard.Engine with the checks installed
 
 The target figure is a run's steady state, what a user pays per micro-step over thousands of
@@ -54,6 +56,7 @@ import multiprocessing
 import os
 import random
 import statistics
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -75,8 +78,9 @@ from engine_overhead import (
 from torch.utils.data import DataLoader
 
 import guard
+from guard import _report
 
-VARIANTS = ("plain", "plain+guard", "engine+guard")
+VARIANTS = ("plain", "plain+guard", "engine+guard", "plain+report")
 STARTUP_WINDOWS = 2  # the guard's first windows after install: start-up, timed apart
 SETTLE_WINDOWS = 8  # then untimed, so the steady sample starts past ACL308's 8 measured steps
 TARGET = 1.03
@@ -204,11 +208,17 @@ class Toggled:
     block of windows. Returns the mean seconds of the block's steady windows; keeps the mean
     of its first `STARTUP_WINDOWS` in `startup`."""
 
-    def __init__(self, timer: Callable[[], float], checks: bool, block: int) -> None:
+    def __init__(
+        self, timer: Callable[[], float], checks: bool, block: int, report: str = ""
+    ) -> None:
         self.timer, self.checks, self.block = timer, checks, block
+        self.report = report  # the run report's path while this runner's blocks run
         self.startup: list[float] = []
 
     def __call__(self) -> float:
+        if self.checks and _report.report_path() != (self.report or None):
+            guard.uninstall()  # the report's recorder is subscribed (or not) at install
+        guard.configure(report_path=self.report)
         if self.checks:
             guard.install()
         else:
@@ -229,15 +239,16 @@ def paired_ratio(extra: list[float], base: list[float]) -> float:
 
 
 def report(samples: dict[str, list[float]], startup: tuple[list[float], list[float]]) -> None:
-    a, g, e = (statistics.median(samples[name]) for name in VARIANTS)
-    ga, ea = (paired_ratio(samples[name], samples["plain"]) for name in VARIANTS[1:])
-    (ga_us, ga_iqr), (ea_us, ea_iqr) = (
+    a, g, e, _ = (statistics.median(samples[name]) for name in VARIANTS)
+    ga, ea, ra = (paired_ratio(samples[name], samples["plain"]) for name in VARIANTS[1:])
+    (ga_us, ga_iqr), (ea_us, ea_iqr), (ra_us, ra_iqr) = (
         paired_us(samples[name], samples["plain"]) for name in VARIANTS[1:]
     )
     print(f"{'plain ms':>9}{'guard ms':>10}{'engine ms':>10}{'g/a':>7}{'e/a':>7}", end="")
     print(f"{'g-a us':>9}{'':<8}{'e-a us':>8}")
     print(f"{a * 1e3:>9.3f}{g * 1e3:>10.3f}{e * 1e3:>10.3f}{ga:>7.3f}{ea:>7.3f}", end="")
     print(f"{ga_us:>9.1f} ±{ga_iqr:<6.1f}{ea_us:>8.1f} ±{ea_iqr:<6.1f}")
+    print(f"run report on: r/a = {ra:.3f}, r-a = {ra_us:.1f} ±{ra_iqr:.1f} us per micro-step")
     verdict = "met" if ga <= TARGET else "NOT met"
     print(f"target: g/a = plain+guard / plain <= {TARGET} ({verdict})")
     plain, guarded = (values[-len(samples["plain"]) :] for values in startup)  # past warm-up
@@ -288,14 +299,17 @@ def run_one(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     loader = make_loader(args.width, args.batches, args.batch_size)
     timer = window_timer(plain_windows(args.width, loader), clock_of(args))
+    report_dir = tempfile.mkdtemp(prefix="guard-overhead-")
     runners = {
         "plain": Toggled(timer, False, args.block),
         "plain+guard": Toggled(timer, True, args.block),
+        "plain+report": Toggled(timer, True, args.block, os.path.join(report_dir, "run.json")),
     }
     try:
         samples = measure({**runners, "engine+guard": engine}, args.rounds)
     finally:
         fired = {"engine+guard": engine.stop()}
+    guard.configure(report_path="")  # the report's series are not wanted at exit
     guard.install()
     fired["plain+guard"] = findings_text()
     for name, text in fired.items():

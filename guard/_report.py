@@ -186,8 +186,9 @@ def configure(
     report_path: str | None = None,
     **options: float,
 ) -> None:
-    """Set the mode, the per-code selection (codes or prefixes, like the linter's) and check
-    options such as `overflow_streak=25` (see each check's `OPTIONS`)."""
+    """Set the mode, the per-code selection (codes or prefixes, like the linter's), the run
+    report's path(s) (`run.json`, `run.html`; "" for none) and check options such as
+    `overflow_streak=25` (see each check's `OPTIONS`)."""
     s = _state.settings
     if mode is not None:
         if mode not in ("raise", "warn", "off"):
@@ -197,8 +198,8 @@ def configure(
         s.select = tuple(select)
     if ignore is not None:
         s.ignore = tuple(ignore)
-    if report_path is not None:
-        s.report_path = report_path
+    if report_path is not None:  # "" turns the report off again
+        s.report_path = report_path or None
         _start_recording()
     s.options.update(options)
 
@@ -206,7 +207,7 @@ def configure(
 def _start_recording() -> None:
     """A report asked for after the install: start its recorder now (once per install)."""
     tracker = sys.modules.get("guard._tracker")
-    if tracker is None or not tracker.TRACKER.active:
+    if not _state.settings.report_path or tracker is None or not tracker.TRACKER.active:
         return  # the install will start it
     from guard.run_report import recorder
 
@@ -224,6 +225,11 @@ def option(name: str, default: float) -> float:
 
 def mode() -> Mode:
     return _state.settings.mode
+
+
+def report_path() -> str | None:
+    """Where the run report goes at exit (None: no report, nothing recorded)."""
+    return _state.settings.report_path
 
 
 def enabled(code: str) -> bool:

@@ -27,6 +27,7 @@ from guard.checks._common import grad_norm
 MAX_ROWS = 4096  # per optimizer, before thinning
 MAX_EVENTS = 4096  # skipped windows and finding markers kept
 MAX_HITS = 64  # windows remembered per finding (code, location)
+TOKEN_PROBES = 32  # backwards searched for a token-mean loss before the search stops
 _ROW = "run_report.row"  # OptState.extra: the row of the window being stepped
 _TOKENS = "run_report.tokens"  # OptState.extra: valid-token counts of this window's backwards
 _NORM = "run_report.norm"  # OptState.extra: the norm the user's clip returned this window
@@ -83,6 +84,8 @@ class Recording:
         self.markers: dict[tuple[str, str | None], list[int]] = {}  # finding -> windows it fired
         self.world_size, self.rank = 1, 0
         self.autocast: list[str] = []  # dtypes of the enabled autocast regions entered
+        self.token_probes = 0  # backwards searched for a token-mean loss in vain
+        self.tokens_found = False
         self.scaled = False  # an enabled GradScaler scaled a loss
 
     def current_window(self) -> int:
@@ -135,8 +138,13 @@ def install(tracker) -> None:
         return found
 
     def before_backward(tensors, **_) -> None:
+        rec = _RECORDING[0]
+        if not rec.tokens_found and rec.token_probes >= TOKEN_PROBES:
+            return  # a run whose first losses are no token means has none: stop looking
         if tensors and tensors[0].grad_fn is not None:
-            pending["tokens"] = _graph.token_mean_count(tensors[0])
+            found = pending["tokens"] = _graph.token_mean_count(tensors[0])
+            rec.tokens_found = rec.tokens_found or found is not None
+            rec.token_probes += found is None
 
     def after_backward(states, **_) -> None:
         tokens = pending.pop("tokens", None)
