@@ -45,11 +45,12 @@ class FSDP2Plugin:
             them), a predicate `policy(module) -> bool`, or None: every module held in an
             `nn.ModuleList` (the usual transformer `layers`/`blocks`).
         reshard_after_forward: free the gathered parameters after forward (memory) or keep them
-            until backward (one all-gather fewer per micro-step).
+            until backward (one all-gather fewer per unit and micro-step); None: torch's default
+            (True for the blocks, the root keeps its parameters, which backward needs first).
     """
 
     auto_wrap_policy: WrapPolicy = None
-    reshard_after_forward: bool = True
+    reshard_after_forward: bool | None = None
 
 
 def resolve(plugin: Any) -> FSDP2Plugin | None:
@@ -76,7 +77,9 @@ def shard(model: torch.nn.Module, plugin: FSDP2Plugin, precision: str) -> torch.
     policy = MixedPrecisionPolicy()
     if precision in _DTYPES:
         policy = MixedPrecisionPolicy(param_dtype=_DTYPES[precision], reduce_dtype=torch.float32)
-    options = {"mp_policy": policy, "reshard_after_forward": plugin.reshard_after_forward}
+    options: dict[str, Any] = {"mp_policy": policy}
+    if plugin.reshard_after_forward is not None:
+        options["reshard_after_forward"] = plugin.reshard_after_forward
     before = dict(model.named_parameters())
     for block in reversed(_blocks(model, plugin.auto_wrap_policy)):  # children before parents
         fully_shard(block, **options)

@@ -47,9 +47,14 @@ def install(tracker) -> None:
             _judge_window(state, extra_syncs_reported=reported)
         state.extra[_SYNCED] = 0
 
+    def scaler_step(state, ran, **_) -> None:  # a skipped step ends the window too
+        if not ran:
+            state.extra[_SYNCED] = 0
+
     tracker.subscribe("ddp_created", created)
     tracker.subscribe("ddp_forward", forward)
     tracker.subscribe("optimizer_step_pre", before_step, when="ddp")
+    tracker.subscribe("scaler_step", scaler_step, when="ddp")
 
 
 def _world_size() -> int:

@@ -47,7 +47,7 @@ def install(tracker) -> None:
             for st in states:
                 st.extra[_REDUCED] = st.extra.get(_REDUCED, 0) + 1
 
-    def before_step(state, **_) -> None:
+    def before_step(state, **_) -> None:  # also at a step the scaler skips: the window ends
         reduced = state.extra.pop(_REDUCED, 0)
         if reduced > 1 and distributed.world_size() > 1 and not _accelerate_syncs_each_batch():
             _report_every_micro_step(reduced)
@@ -58,6 +58,8 @@ def install(tracker) -> None:
         tracker.subscribe("optimizer_step_pre", before_step)
 
     def scaler_step(optimizer, state, ran, **_) -> None:
+        if not ran and marks.counting:
+            before_step(state)
         if distributed.world_size() > 1 and _trains_sharded(state, optimizer):
             _judge_skip_agreement(ran)
 

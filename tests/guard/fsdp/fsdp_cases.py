@@ -81,17 +81,20 @@ def engine_train(precision, opt_kind, clip, samples, batch_size, n, init_scale=N
     }
 
 
-def engine_ddp_train(precision, samples, batch_size, n, **kwargs):
+def engine_ddp_train(precision, samples, batch_size, n, init_scale=None, **kwargs):
     """The same loop through the DDP engine (the oracle for the tail window and num_items)."""
     guard.reset()
     engine = guard.Engine(precision, gradient_accumulation_steps=n, **kwargs)
+    if init_scale is not None:
+        engine.prepare(torch.amp.GradScaler("cpu", init_scale=init_scale))
     model = make_model()
     opt = make_optimizer("sgd", model.parameters())
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
     x, y = make_data(samples)
     model, opt, loader, sched = engine.prepare(model, opt, make_loader(x, y, batch_size), sched)
     _train(engine, model, opt, loader, sched, None, {"calls": 0})
-    return {"params": flat_params(model), "findings": _findings()}
+    steps = engine.optimizer_steps
+    return {"params": flat_params(model), "findings": _findings(), "optimizer_steps": steps}
 
 
 def engine_items(n: int, steps: int, fsdp: bool):

@@ -72,6 +72,16 @@ def test_fp16_overflowing_first_step_is_skipped_on_both_ranks(fsdp_pool):
         assert rank["findings"] == []
 
 
+def test_ddp_fp16_skipped_windows_are_not_counted_into_the_next_one(fsdp_pool):
+    """The same overflow under the DDP engine: a skipped step ends its window for ACL401 too
+    (its all-reduce is not added to the next window's)."""
+    kwargs = dict(samples=2 * SAMPLES, batch_size=B, n=N, init_scale=2.0**20)
+    results = fsdp_pool.run(fsdp_cases.engine_ddp_train, precision="fp16", **kwargs)
+    for rank in results:
+        assert 1 <= rank["optimizer_steps"] < 2 * STEPS
+        assert rank["findings"] == []
+
+
 def test_tail_window_matches_the_ddp_engine(fsdp_pool):
     """17 global batches: windows 4, 4, 1 (the last one padded from the epoch's start)."""
     kwargs = dict(samples=17 * B, batch_size=B, n=N, tail="exact")
