@@ -164,6 +164,9 @@ class _State:
 
 _state = _State()
 _lock = threading.Lock()
+# Not a child of a guarded process: read at `import guard`, before `python -m guard` marks the
+# environment for the processes the script starts (the run report names their pages apart).
+FIRST_PROCESS = not os.environ.get("ACCEL_GUARD_CHILD")
 
 
 def _settings_from_env() -> _Settings:

@@ -20,7 +20,6 @@ from guard.run_report.config import configuration
 
 FORMAT = "accel-guard-report"
 VERSION = 2  # 1 was a bare list of findings
-_FIRST_PROCESS = not os.environ.get("ACCEL_GUARD_CHILD")  # read before `python -m guard` sets it
 
 
 def run() -> dict:
@@ -88,26 +87,30 @@ def _as_document(loaded: Any) -> dict:
     return {"format": FORMAT, "version": VERSION, "findings": findings, "runs": []}
 
 
-def html_path(path: str, rank: int, first_process: bool) -> str:
-    """Where this process's page goes: `path` for rank 0 of the launched process(es)."""
+def html_path(path: str, rank: int, world_size: int, first_process: bool) -> str:
+    """Where this process's page goes: `path` for rank 0 of a distributed run or for the
+    launched process, `.rank<r>` for the other ranks, `.pid<pid>` for other child processes."""
     stem, ext = os.path.splitext(path)
-    if rank > 0:
-        return f"{stem}.rank{rank}{ext}"
-    if not first_process:
-        return f"{stem}.pid{os.getpid()}{ext}"
-    return path
+    if world_size > 1:
+        return path if rank == 0 else f"{stem}.rank{rank}{ext}"
+    return path if first_process else f"{stem}.pid{os.getpid()}{ext}"
 
 
 def _write_html(path: str) -> None:
     from guard.run_report.page import render_page
 
     mine = run()
-    rank = mine["config"].get("rank", 0)
-    if not _FIRST_PROCESS and not mine["series"] and not _report.findings():
-        return  # a helper process that trained nothing: no page of its own
-    target = html_path(path, rank, _FIRST_PROCESS)
+    config = mine["config"]
+    target = html_path(path, config.get("rank", 0), config.get("world_size", 1), _first())
+    idle = not mine["series"] and not _report.findings()
+    if idle and (not _first() or os.path.exists(target)):
+        return  # trained nothing (a launcher whose ranks wrote their pages): no page of its own
     text = render_page(mine, _report.finding_rows())
     tmp = f"{target}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(text)
     os.replace(tmp, target)  # a reader never sees half a page
+
+
+def _first() -> bool:
+    return _report.FIRST_PROCESS
