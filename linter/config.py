@@ -8,7 +8,9 @@ the config file's directory) extend the built-in excludes instead of replacing t
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,21 +93,72 @@ def read_table(path: Path) -> dict | None:
     try:
         with open(path, "rb") as handle:
             data = tomllib.load(handle)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-    if path.name == "pyproject.toml":
-        return data.get("tool", {}).get("accel-lint")
-    return data
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}{_quoted_line(path, exc)}") from None
+    if path.name != "pyproject.toml":
+        return data
+    tool = data.get("tool")
+    table = tool.get("accel-lint") if isinstance(tool, dict) else None
+    if table is not None and not isinstance(table, dict):
+        raise ConfigError(f"{path}: `tool.accel-lint` must be a table")
+    return table
+
+
+def _quoted_line(path: Path, error) -> str:
+    """The offending line of a TOML file, so the message shows the key."""
+    lineno = getattr(error, "lineno", None)  # Python >= 3.14; else parsed from the message
+    if lineno is None:
+        found = re.search(r"at line (\d+)", str(error))
+        lineno = int(found.group(1)) if found else None
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        return f": `{lines[lineno - 1].strip()}`" if lineno else ""
+    except (OSError, IndexError):
+        return ""
 
 
 def _strings(path: Path, key: str, value: object) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{path}: `{key}` must be a list of strings")
+        raise ConfigError(f"{path}: `{key}` must be a list of strings, not {value!r}")
     return tuple(value)
 
 
-def _codes(selectors: tuple[str, ...], known) -> frozenset[str]:
-    return frozenset(code for s in selectors for code in selection.matching(s, known))
+def _selectors(where, key: str, value: object, known) -> tuple[str, ...]:
+    """One key's list of selectors, each checked against the known codes (errors name the key)."""
+    selectors = _strings(where, key, value)
+    for selector in selectors:
+        try:
+            selection.matching(selector, known)
+        except selection.SelectionError as exc:
+            raise ConfigError(f"{where}: `{key}`: {exc}") from None
+    return selectors
+
+
+def _unknown_keys(where, table: dict) -> None:
+    unknown = sorted(set(table) - _KEYS)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(_KEYS), n=1)
+        hint = f" (did you mean `{close[0]}`?)" if close else ""
+        names = ", ".join(f"`{k}`" for k in unknown)
+        raise ConfigError(f"{where}: unknown key(s): {names}{hint}")
+
+
+def validate_overrides(cli: Overrides) -> None:
+    """Selectors given on the command line, checked before any config file is read."""
+    from rules import ALL_RULES
+
+    for option, selectors in (
+        ("--select", cli.select or ()),
+        ("--ignore", cli.ignore),
+        ("--extend-select", cli.extend_select),
+    ):
+        for selector in selectors:
+            try:
+                selection.matching(selector, ALL_RULES)
+            except selection.SelectionError as exc:
+                raise ConfigError(f"{option}: {exc}") from None
 
 
 def build(table: dict, source: Path | None, root: Path, cli: Overrides) -> Settings:
@@ -113,37 +166,34 @@ def build(table: dict, source: Path | None, root: Path, cli: Overrides) -> Setti
     from rules import ALL_RULES
 
     where = source or Path("<command line>")
-    unknown = set(table) - _KEYS
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s): {', '.join(sorted(unknown))}")
-    select = _strings(where, "select", table.get("select", ["ACL"]))
-    ignore = _strings(where, "ignore", table.get("ignore", []))
-    extend = _strings(where, "extend-select", table.get("extend-select", []))
+    _unknown_keys(where, table)
+    select = _selectors(where, "select", table.get("select", ["ACL"]), ALL_RULES)
+    ignore = _selectors(where, "ignore", table.get("ignore", []), ALL_RULES)
+    extend = _selectors(where, "extend-select", table.get("extend-select", []), ALL_RULES)
     exclude = _strings(where, "exclude", table.get("exclude", []))
     unsafe = table.get("unsafe-fixes", False)
     if not isinstance(unsafe, bool):
-        raise ConfigError(f"{where}: `unsafe-fixes` must be true or false")
+        raise ConfigError(f"{where}: `unsafe-fixes` must be true or false, not {unsafe!r}")
     pfi = table.get("per-file-ignores", {})
     if not isinstance(pfi, dict):
         raise ConfigError(f"{where}: `per-file-ignores` must be a table of glob = [codes]")
-    try:
-        codes = selection.resolve(
-            ALL_RULES,
-            cli.select if cli.select is not None else select,
-            ignore + cli.ignore,
-            extend + cli.extend_select,
-        )
-        per_file = tuple(
-            (glob, _codes(_strings(where, glob, value), ALL_RULES)) for glob, value in pfi.items()
-        )
-    except selection.SelectionError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
+    per_file = []
+    for glob, value in pfi.items():
+        ignored = _selectors(where, f'per-file-ignores."{glob}"', value, ALL_RULES)
+        codes = frozenset(c for s in ignored for c in selection.matching(s, ALL_RULES))
+        per_file.append((glob, codes))
+    codes = selection.resolve(
+        ALL_RULES,
+        cli.select if cli.select is not None else select,
+        ignore + cli.ignore,
+        extend + cli.extend_select,
+    )
     return Settings(
         root=Path(os.path.abspath(root)),
         source=source,
         codes=codes,
         exclude=DEFAULT_EXCLUDES + exclude,
-        per_file_ignores=per_file,
+        per_file_ignores=tuple(per_file),
         unsafe_fixes=cli.unsafe_fixes if cli.unsafe_fixes is not None else unsafe,
     )
 
@@ -156,6 +206,7 @@ class Resolver:
         self.cwd = Path(os.path.abspath(cwd or Path.cwd()))
         self._by_dir: dict[Path, Settings] = {}
         self._fixed: Settings | None = None
+        validate_overrides(cli)
         if config_path is not None:
             if not config_path.is_file():
                 raise ConfigError(f"config file not found: {config_path}")

@@ -4,7 +4,9 @@ Files and directories named on the command line are always linted (like ruff wit
 `force-exclude`); `exclude` and `.gitignore` apply to what a directory walk finds below them.
 `.gitignore` files are read in every walked directory and in the walk root's parents up to the
 repository root; the deepest match wins, so nested files and `!negations` behave as in git.
-Walks find `.py` files and Jupyter notebooks (`.ipynb`), as ruff does.
+Walks find `.py` files and Jupyter notebooks (`.ipynb`), as ruff does. A walk does not follow
+symbolic links to directories (so a link loop cannot trap it); a linked file is linted once, under
+the first name found, and a broken or looping link is reported as unreadable.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def discover(paths: list[Path], resolver: Resolver) -> Discovered:
         else:  # a named file (or a missing one: reading it reports the problem)
             candidates = iter([(path, resolver.for_path(path))])
         for file, settings in candidates:
-            key = Path(os.path.abspath(file))
+            key = Path(os.path.realpath(file))  # a symbolic link and its target: one file
             if key not in seen:
                 seen.add(key)
                 found.files.append((file, settings))

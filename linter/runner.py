@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 
 from linter.config import Settings
 from linter.selection import PARSE_ERROR
-from linter.source import SourceError, decode, read_bytes, write_atomic
+from linter.source import FileChanged, SourceError, decode, read_bytes, write_atomic
 from linter.types import Diagnostic, Position
 
 if TYPE_CHECKING:
@@ -117,7 +117,14 @@ def run(
             report.results.append(planned)
         else:
             pending.append(planned)
-    results = _execute([p.job for p in pending])
+    try:
+        results = _execute([p.job for p in pending])
+    except KeyboardInterrupt:  # files are replaced atomically: none is left half-written
+        message = "interrupted"
+        if mode == "write":
+            message += ": every file holds either its old text or its fixed text"
+        sys.stderr.write(f"error: {message}\n")
+        raise
     for item, result in zip(pending, results, strict=True):
         report.results.append(result)
         if cache and item.stat and result.cacheable:
@@ -205,6 +212,7 @@ def _execute(jobs: list[Job]) -> list[FileResult]:
 
 def lint_job(job: Job) -> FileResult:
     """Analyse (and maybe fix) one file. Never raises: failures become diagnostics or errors."""
+    from linter.screen import unanalysable
     from linter.text import check_source
 
     if job.absolute.endswith(".ipynb"):
@@ -214,9 +222,12 @@ def lint_job(job: Job) -> FileResult:
     try:
         source = decode(job.data)
     except SourceError as exc:
-        return FileResult(job.shown, [_file_error(job.shown, str(exc))])
+        return FileResult(job.shown, [_file_error(job.shown, str(exc), exc.line)])
 
     def lint(job: Job) -> FileResult:
+        problem = unanalysable(source.text, len(job.data), job.shown)
+        if problem is not None:  # libcst would take minutes on it, or overflow its stack
+            return FileResult(job.shown, [_file_error(job.shown, *problem)])
         fix = "none" if job.mode == "none" else "unsafe" if job.unsafe else "safe"
         checked = check_source(source.text, job.shown, job.codes, fix, source.newline)
         result = FileResult(job.shown, checked.diagnostics, checked.fixes_applied)
@@ -225,7 +236,9 @@ def lint_job(job: Job) -> FileResult:
         if checked.fixed is not None and checked.fixed != source.text:
             new_data = source.encode(checked.fixed)
             if job.mode == "write":
-                _write(job.absolute, new_data, result)
+                if not _write(job.absolute, new_data, result, expected=job.data):
+                    result.fixed = 0  # the file still holds the unfixed text and its findings
+                    result.diagnostics = check_source(source.text, job.shown, job.codes).diagnostics
             else:
                 result.diff = unified_diff(job.shown, source.text, checked.fixed)
         return result
@@ -237,6 +250,9 @@ def _guarded(job: Job, lint) -> FileResult:
     """`lint(job)`, with a bug in a rule or the fixer made an error for this file only."""
     try:
         return lint(job)
+    except RecursionError:  # nesting under the screen's limit that a visitor still cannot walk
+        problem = "too deeply nested to analyse: the analysis ran out of recursion depth"
+        return FileResult(job.shown, [_file_error(job.shown, problem)], cacheable=False)
     except Exception as exc:  # a bug in a rule or the fixer must not stop the other files
         import traceback
 
@@ -246,13 +262,19 @@ def _guarded(job: Job, lint) -> FileResult:
         return FileResult(job.shown, error=f"internal error: {detail}", cacheable=False)
 
 
-def _write(path: str, data: bytes, result: FileResult) -> None:
-    """Write the fixed file; a failure is an error for this file, not a crash of the run."""
+def _write(path: str, data: bytes, result: FileResult, expected: bytes | None = None) -> bool:
+    """Write the fixed file unless it no longer holds `expected` (the bytes that were read); a
+    failure is an error for this file, not a crash of the run. Returns whether it was written."""
     try:
-        write_atomic(path, data)
+        write_atomic(path, data, expected=expected)
+    except FileChanged:
+        result.error = "not fixed: the file changed on disk while it was being checked; run again"
     except OSError as exc:
         result.error = f"cannot write fixes: {exc.strerror or exc}"
-        result.cacheable = False
+    else:
+        return True
+    result.cacheable = False
+    return False
 
 
 def syntax_error(text: str, shown: str, failure) -> Diagnostic:
@@ -278,8 +300,8 @@ def _cpython_syntax_error(source: str | bytes, shown: str) -> Diagnostic | None:
     return None
 
 
-def _file_error(shown: str, message: str) -> Diagnostic:
-    at = Position(1, 0)
+def _file_error(shown: str, message: str, line: int = 1) -> Diagnostic:
+    at = Position(line, 0)
     return Diagnostic(PARSE_ERROR, message, shown, at, at)
 
 

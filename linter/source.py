@@ -6,6 +6,7 @@ are kept as they are (no universal-newline translation) so fixes on CRLF files s
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import re
@@ -19,6 +20,10 @@ _NEWLINE = re.compile(r"\r\n|\r|\n")
 
 class SourceError(Exception):
     """The file cannot be read or decoded: reported as one diagnostic, never a traceback."""
+
+    def __init__(self, message: str, line: int = 1):
+        super().__init__(message)
+        self.line = line  # where the undecodable byte is (1 when the whole file is at fault)
 
 
 @dataclass(frozen=True)
@@ -36,9 +41,17 @@ def decode(data: bytes) -> SourceText:
     """Decode a module's bytes the way the interpreter does."""
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
-        text = data.decode(encoding)
-    except (SyntaxError, LookupError, UnicodeDecodeError) as exc:
+    except (SyntaxError, LookupError) as exc:  # an unknown or contradictory coding cookie
         raise SourceError(f"cannot decode file: {exc}") from None
+    try:
+        text = data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        byte = data[exc.start : exc.start + 1].hex()
+        reason = f"{exc.reason} (byte 0x{byte}, line {line})"
+        hint = "declare its encoding with a coding comment (PEP 263)" if encoding == "utf-8" else ""
+        message = f"cannot decode file as {encoding}: {reason}"
+        raise SourceError(f"{message}; {hint}" if hint else message, line) from None
     match = _NEWLINE.search(text)
     return SourceText(text, encoding, match.group() if match else "\n")
 
@@ -61,17 +74,39 @@ def split_lines(text: str) -> list[str]:
     return _NEWLINE.split(text)
 
 
-def write_atomic(path: str, data: bytes) -> None:
-    """Replace `path` with `data` via a temporary file in the same directory, keeping its mode."""
-    directory = os.path.dirname(os.path.abspath(path))
-    mode = os.stat(path).st_mode & 0o7777
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".accel-lint-", suffix=".tmp")
+class FileChanged(OSError):
+    """The file no longer holds the bytes a fix was computed from: it is not written."""
+
+
+def write_atomic(path: str, data: bytes, expected: bytes | None = None) -> None:
+    """Replace `path` with `data` via a temporary file in the same directory, keeping its mode.
+
+    A symbolic link is written through (the link stays a link). A read-only file is refused,
+    although replacing it would succeed (only the directory must be writable). With `expected`,
+    a file whose bytes are no longer those is left alone (`FileChanged`): someone edited it
+    since it was read. The check and the rename are not one atomic step, but the window is a
+    few microseconds, not the seconds an analysis takes.
+    """
+    target = os.path.realpath(path)
+    mode = os.stat(target).st_mode & 0o7777
+    if not _writable(target, mode):
+        raise PermissionError(errno.EACCES, "the file is read-only", path)
+    if expected is not None and read_bytes(target) != expected:
+        raise FileChanged(errno.EAGAIN, "the file changed on disk since it was read", path)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".accel-lint-", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _writable(path: str, mode: int) -> bool:
+    """Writable for this user; for root (who may write anything) only with a write bit set."""
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        return bool(mode & 0o222)
+    return os.access(path, os.W_OK)

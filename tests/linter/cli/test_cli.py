@@ -342,7 +342,7 @@ def test_an_unwritable_file_is_an_error_not_a_crash(project, fake_rules, monkeyp
 
     from linter import runner
 
-    def read_only(path, data):  # what a read-only file system answers (root ignores chmod)
+    def read_only(path, data, expected=None):  # a read-only file system (root ignores chmod)
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
 
     monkeypatch.setattr(runner, "write_atomic", read_only)
