@@ -178,3 +178,36 @@ def test_ddp_ranks_write_their_own_pages_and_share_the_json(tmp_path):
     for page, pid in ((tmp_path / "run.html", runs[0]), (tmp_path / "run.rank1.html", runs[1])):
         text = page.read_text(encoding="utf-8")
         assert f"rank {pid['config']['rank']} of 2 · pid {pid['config']['pid']}" in text
+
+
+def test_accelerate_fp16_on_cpu_shows_what_really_ran(guard_mode, tmp_path):
+    """Accelerate asked for fp16 on a CPU trains fp32 (ACL602): the report shows both."""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+    from torch.utils.data import DataLoader, TensorDataset
+
+    guard = guard_mode("warn", report_path=str(tmp_path / "run.json"))
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    accelerator = Accelerator(cpu=True, mixed_precision="fp16", gradient_accumulation_steps=2)
+    xs, ys = zip(*loops.batches(5), strict=True)
+    loader = DataLoader(TensorDataset(torch.cat(xs), torch.cat(ys)), batch_size=4)
+    net = loops.model()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    model, opt, loader = accelerator.prepare(net, opt, loader)
+    windows = []
+    for x, y in loader:
+        with accelerator.accumulate(model):
+            accelerator.backward(torch.nn.functional.cross_entropy(model(x), y))
+            windows.append(accelerator.sync_gradients)
+            opt.step()
+            opt.zero_grad()
+    (run,) = _written(tmp_path / "run.json")["runs"]
+    config = run["config"]
+    assert config["trainer"] == "accelerate.Accelerator"
+    assert (config["precision_requested"], config["precision_effective"]) == ("fp16", "fp32")
+    assert config["accumulation_steps"] == 2
+    assert run["series"][0]["columns"]["micro_batches"] == [2, 2, 1]
+    assert windows.count(True) == 3
+    assert [f.code for f in guard.findings()] == ["ACL602"]
