@@ -220,7 +220,7 @@ class Checkpointing:
             saved = torch.load(engine_file, map_location="cpu", weights_only=True)
             self.load_state_dict(saved["engine"])
             for loader, states in zip(self._dataloaders, saved["loader_rng"], strict=False):
-                loader.pass_rng = states
+                loader.resume_rng = states
         elif step is not None:  # an Accelerate checkpoint: its micro-step counter
             self.step = step
 

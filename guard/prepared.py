@@ -268,6 +268,7 @@ class PreparedDataLoader:
         self.loader = self._shard(loader) if distributed.world_size() > 1 else loader
         self.skip_batches = 0  # batches the next pass drops first (resuming mid-epoch)
         self.pass_rng: Any = None  # generator states the current pass drew its order from
+        self.resume_rng: Any = None  # pass_rng of the interrupted run, set by load_state
         engine._dataloaders.append(self)  # save_state keeps pass_rng for an exact resume
 
     def _shard(self, loader: DataLoader) -> DataLoader:
@@ -313,13 +314,15 @@ class PreparedDataLoader:
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
 
-    def _resumed(self, skip: int) -> Iterator[Any]:
-        """The interrupted pass's iterator, `skip` batches on: its order (and worker seeds) drawn
-        again from the states it was drawn from, and the global generator left as load_state
-        restored it, so the rest of the pass sees the numbers the interrupted run would have."""
+    def _resumed(self, skip: int, states: Any) -> Iterator[Any]:
+        """The next pass, `skip` batches on. Resuming from save_state, its order (and worker
+        seeds) are drawn again from the states the interrupted pass drew them from; either way
+        the global generator is left as it was (as load_state restored it), so the rest of the
+        pass sees the numbers the interrupted run would have."""
         with torch.random.fork_rng(devices=[]):
-            if self.pass_rng is not None:
-                _set_generator_states(self.loader, self.pass_rng)
+            if states is not None:
+                _set_generator_states(self.loader, states)
+            self.pass_rng = _generator_states(self.loader)
             iterator = iter(self.loader)
             for _ in range(skip):
                 next(iterator, None)
@@ -332,8 +335,9 @@ class PreparedDataLoader:
         window.loaders.append(self)
         try:
             skip, self.skip_batches = self.skip_batches, 0
+            resume_rng, self.resume_rng = self.resume_rng, None
             if skip:
-                iterator = self._resumed(skip)
+                iterator = self._resumed(skip, resume_rng)
             else:
                 self.pass_rng = _generator_states(self.loader)
                 iterator = iter(self.loader)
