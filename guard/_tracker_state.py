@@ -1,0 +1,91 @@
+"""The tracker's records: per-optimizer and per-scaler counters, open autocast regions, the
+facts a subscription can wait for, and who is calling (see `guard._tracker` for their meaning)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+WINDOW_HISTORY = 8
+
+
+@dataclass(eq=False)
+class OptState:
+    """Per-optimizer counters; see the module docstring."""
+
+    ref: Any  # weakref to the optimizer
+    sentinels: list = field(default_factory=list)
+    backwards: int = 0
+    scaled_backwards: int = 0
+    contrib_backwards: int = 0
+    contrib_scaled: int = 0
+    scaled_pending: bool = False
+    scaler: Any = None
+    unscaled: bool = False
+    steps: int = 0
+    skipped_steps: int = 0
+    last_step_skipped: bool = False
+    windows: list[int] = field(default_factory=list)
+    prepared_by: Any = None
+    wrapper: Any = None
+    hit: int = -1  # id of the last backward pass that reached a sentinel
+    extra: dict = field(default_factory=dict)  # per-check scratch space, keyed by code
+
+    @property
+    def optimizer(self):
+        return self.ref()
+
+
+@dataclass(eq=False)
+class ScalerState:
+    """Per-GradScaler counters; see the module docstring."""
+
+    stepped: list = field(default_factory=list)
+    updates: int = 0
+    skips: int = 0
+    consecutive_skips: int = 0
+    last_scale: float | None = None
+
+
+@dataclass
+class AutocastFrame:
+    device: str
+    dtype: Any
+    enabled: bool
+    origin: str
+    grad_enabled: bool
+    location: str | None = None
+
+
+# Facts a subscription can wait for (`subscribe(..., when=fact)`), and who establishes them.
+FACTS = {
+    "scaled": "an enabled GradScaler scaled a tensor (the tracker's scale wrapper)",
+    "autocast": "an enabled autocast region was entered (the tracker's autocast wrappers)",
+    "fp16-autocast": "an enabled float16 autocast region was entered (the same wrappers)",
+    "accelerator": "an accelerate Accelerator was built (guard._accelerate)",
+    "prepared": "an Accelerator or guard.Engine prepared an optimizer or scheduler",
+    "accumulate": "Accelerator.accumulate() was entered (guard._accelerate)",
+    "ddp": "a DistributedDataParallel wrapper was built or ran a forward (checks._sources)",
+    "eval": "a module with children was switched to eval mode (ACL502's own subscriber)",
+}
+
+
+@dataclass(eq=False)
+class _Subscription:
+    event: str
+    fn: Callable[..., None]
+    when: str | None
+
+
+class _Flags:
+    """Who is calling: set by the wrappers around the caller-owned entry points."""
+
+    def __init__(self) -> None:
+        self.backward_depth = 0
+        self.owner = "raw"
+        self.scaler_step: Any = None
+        self.step_wrapper: Any = None
+        self.sched_wrapper: Any = None
+        self.clip_via = "torch"
+        self.autocast_origin = "user"
