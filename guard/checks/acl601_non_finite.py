@@ -31,6 +31,7 @@ turns it off again.
 
 from __future__ import annotations
 
+import gc
 import math
 import weakref
 from collections import deque
@@ -154,6 +155,7 @@ def _before_step(reads, optimizer, state, in_scaler_step, **_) -> None:
     if _all_finite(values):
         return
     what = _problem(values[0][0] if norm is not None else None, values[norm is not None :])
+    what = f"optimizer step {state.steps + 1}: {what}{_first_offender(optimizer)}"
     if _report.option("nonfinite_policy", OPTIONS["nonfinite_policy"]) == "skip":
         _clear_gradients(optimizer)
         report(
@@ -167,6 +169,38 @@ def _before_step(reads, optimizer, state, in_scaler_step, **_) -> None:
         f"{what}: this step would write inf/NaN into every weight it updates; skip such batches "
         f"or clip with error_if_nonfinite=True; {_find_the_source()}",
     )
+
+
+def _first_offender(optimizer) -> str:
+    """The first parameter (in the optimizer's order) whose gradient is not finite, by its name
+    in the model. Only on the failure path: one host read per parameter until it is found."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            grad = p.grad
+            if grad is None:
+                continue
+            values = grad.coalesce().values() if grad.is_sparse else grad
+            if not bool(torch.isfinite(values).all()):
+                name = _parameter_name(p)
+                return f"; the first parameter with a non-finite gradient is {name}"
+    return ""
+
+
+def _parameter_name(param) -> str:
+    """`param`'s qualified name in its model (the outermost module holding it, a DDP or
+    compiled wrapper looked through), found among the live modules; its shape if none has it."""
+    modules = [obj for obj in gc.get_objects() if isinstance(obj, torch.nn.Module)]
+    children = {id(child) for module in modules for child in module.children()}
+    for root in modules:
+        if id(root) in children:
+            continue
+        root = getattr(root, "_orig_mod", root)
+        inner = getattr(root, "module", None)
+        root = inner if isinstance(inner, torch.nn.Module) else root
+        for name, candidate in root.named_parameters():
+            if candidate is param:
+                return f"`{name}`"
+    return f"a parameter of shape {tuple(param.shape)}"
 
 
 def _find_the_source() -> str:
