@@ -87,7 +87,8 @@ def _step_anchor(model, loop, gate, run):
     be wrapped in the gate's condition where it stands: a write between the clip and the gate
     of a name the condition reads (`step += 1` after it: the copied test would be one micro-step
     off), gradients divided in the branch (the clip must see the averaged gradients), or a gate
-    with no last-batch clause (ACL307's fix adds one to the gate, which a copy would miss).
+    another fix rewrites (ACL307 adds a last-batch clause, ACL312 shifts an off-by-one test),
+    which a copy would miss.
     None when wrapping in place keeps the meaning."""
     if gate is not None and gate.kind == "micro-loop":
         return _step_after_micro_loop(loop, gate, run)
@@ -112,10 +113,11 @@ def _step_anchor(model, loop, gate, run):
         and any(f.node is gate.node for f in s.stmt.frames)
         for s in loop.sites
     )
-    no_clause = any(
-        w.gate.node is gate.node and not w.last_batch_clause for _, w in windows.window_gates(model)
+    rewritten = any(  # ACL307 adds a last-batch clause, ACL312 shifts an off-by-one test
+        w.gate.node is gate.node and (not w.last_batch_clause or w.error() not in (0, None))
+        for _, w in windows.window_gates(model)
     )
-    return steps[0] if read & written or divided or no_clause else None
+    return steps[0] if read & written or divided or rewritten else None
 
 
 def _step_after_micro_loop(loop, gate, run):

@@ -32,10 +32,12 @@ def defects(loop: Loop) -> set[tuple[str, str]]:
                 found.add(("ACL303", "unscale"))  # and unscaling them: torch refuses the 2nd
         if loop.gate == "enumerate" and not loop.last_batch:
             found.add(("ACL307", "gate"))  # enumerate index over a sized loader, no clause
+        if loop.gate == "enumerate" and loop.gate_form == "off_by_one":
+            found.add(("ACL312", "gate"))  # `i % K == 0` with a 0-based index
         if loop.scheduler == "ungated":
             found.add(("ACL305", "scheduler"))  # steps K times per optimizer step
     else:
-        if loop.division in ("by_k", "by_engine_attr"):
+        if loop.division in ("by_k", "by_k_inverse", "by_engine_attr"):
             found.add(("ACL302", "backward"))  # the engine divides as well
         if loop.clip == "ungated":
             found.add(("ACL303", "clip"))
@@ -77,6 +79,9 @@ def runtime_codes(loop: Loop) -> set[str]:
     if _tail_left(loop):
         codes.add("ACL307")
     if loop.raw and loop.zero_grad == "top":
+        # Windows of one micro-batch each: the off-by-one first window does not stand out.
+        codes.discard("ACL312")
+    if loop.raw and loop.zero_grad == "top":
         # Each micro-step's zero_grad leaves the clip one micro-batch's gradients, which the
         # step then uses as they are: no partial sum is clipped (ACL304 is the finding).
         codes.discard("ACL303")
@@ -87,11 +92,13 @@ def runtime_codes(loop: Loop) -> set[str]:
         # cannot tell it from a deliberate normalisation). Either way nothing is observable.
         codes.discard("ACL301")
     if crashes(loop):
-        # Dies at the second micro-step's unscale_, reported just before. Only the first
-        # micro-step ran before: a scheduler there already stepped ahead of the optimizer; a
-        # zero_grad at the top discarded once, which the guard allows before the first step
-        # (a sanity-check backward); the step and the loader's end never come.
-        return {"ACL303"} | ({"ACL305"} & codes)
+        # Dies at the second unscale_ of a window, reported just before. Only the micro-steps
+        # before it ran: a scheduler there already stepped ahead of the optimizer. A zero_grad
+        # at the top discarded once, which the guard allows before the first step (a sanity-
+        # check backward); after one, it is a discard: with `i % K == 0` the first step comes
+        # after micro-step 1 and the crash at micro-step 3, whose zero_grad drops micro-step 2.
+        early_step = loop.gate == "enumerate" and loop.gate_form == "off_by_one"
+        return {"ACL303"} | ({"ACL305"} & codes) | ({"ACL304"} & codes if early_step else set())
     return codes
 
 
@@ -100,7 +107,9 @@ def _tail_left(loop: Loop) -> bool:
     ended mid-window, or by the end of the run."""
     if not loop.raw or loop.k == 1:
         return False  # Accelerate and the engine flush the tail themselves
-    partial_pass = loop.batches % loop.k != 0
+    # The micro-batches after a pass's last step: `i % K == 0` steps after micro-batch 1, K + 1, ..
+    after_last_step = loop.batches - 1 if loop.gate_form == "off_by_one" else loop.batches
+    partial_pass = after_last_step % loop.k != 0
     if loop.gate == "enumerate":  # windows restart with every pass
         return not loop.last_batch and partial_pass
     # A counter or a micro-step loop over `itertools.cycle` runs its windows across passes: a
@@ -133,4 +142,6 @@ def corrected(loop: Loop) -> Loop:
         fixed = fixed.but(scheduler="gated")  # ACL305 moves it under the step condition
     if loop.gate == "enumerate" and not loop.last_batch:
         fixed = fixed.but(last_batch=True)  # ACL307 adds `or i + 1 == len(loader)`
+    if loop.gate_form == "off_by_one":
+        fixed = fixed.but(gate_form="plus_one")  # ACL312 rewrites the test to `(i + 1) % K`
     return fixed

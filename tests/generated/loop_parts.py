@@ -20,7 +20,10 @@ FRAMEWORKS = ("accelerate", "engine")
 RAW_LOSS_DIVISIONS = ("in_expr", "assign", "inplace", "at_backward", "mul_inverse")
 RAW_GRAD_DIVISIONS = ("grad_idiv", "grad_div_", "grad_foreach")
 RAW_DIVISIONS = ("none", *RAW_LOSS_DIVISIONS, *RAW_GRAD_DIVISIONS)
-FRAMEWORK_DIVISIONS = ("none", "by_k", "by_engine_attr")
+FRAMEWORK_DIVISIONS = ("none", "by_k", "by_k_inverse", "by_engine_attr")
+# The enumerate gate's modulo test: `(i + 1) % K == 0` and `i % K == K - 1` step after micro-
+# batches K, 2K, ...; `i % K == 0` steps after the first micro-batch, then every K (ACL312).
+GATE_FORMS = ("plus_one", "minus_one", "off_by_one")
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,8 @@ class Loop:
     k: int = 1
     gate: str = "enumerate"  # raw: enumerate | counter | micro; frameworks: accumulate
     last_batch: bool = True  # enumerate gate: `or i + 1 == len(loader)`
+    gate_form: str = "plus_one"  # enumerate gate: one of GATE_FORMS
+    k_source: str = "constant"  # constant (GRAD_ACCUM = K) | config (`cfg.grad_accum`)
     division: str = "none"
     clip: str = "none"  # none | gated | ungated | gated_scaled (raw fp16) | torch_gated
     zero_grad: str = "after_step"  # after_step | top
@@ -91,15 +96,29 @@ def _names(loop: Loop) -> _Names:
         s = "self."
         return _Names(s + "model", s + "optimizer", s + "loader", s + "scheduler", s + "scaler",
                       s + "grad_accum", s + engine)  # fmt: skip
-    k = "accum_steps" if loop.structure == "helper" else "GRAD_ACCUM"
+    k = "accum_steps" if loop.structure == "helper" else _k_value(loop)
     return _Names("model", "optimizer", "loader", "scheduler", "scaler", k, engine)
+
+
+def _k_value(loop: Loop) -> str:
+    """How the module's setup reads K: a constant, or a field of a config object."""
+    return "cfg.grad_accum" if loop.k_source == "config" else "GRAD_ACCUM"
 
 
 def render(loop: Loop) -> Program:
     w = _Writer()
     _imports(w, loop)
     w("")
-    w(f"GRAD_ACCUM = {loop.k}")
+    if loop.k_source == "config":
+        w("")
+        w("@dataclass")
+        w("class Config:")
+        w(f"    grad_accum: int = {loop.k}")
+        w("")
+        w("")
+        w("cfg = Config()")
+    else:
+        w(f"GRAD_ACCUM = {loop.k}")
     w("MAX_NORM = 0.05")
     w(f"EPOCHS = {EPOCHS}")
     w("")
@@ -119,6 +138,8 @@ def _imports(w: _Writer, loop: Loop) -> None:
     if loop.gate == "micro":
         w("import itertools")
     w("import os")
+    if loop.k_source == "config":
+        w("from dataclasses import dataclass")
     w("")
     if loop.framework == "engine":
         w("import guard")
@@ -154,12 +175,12 @@ def _engine_setup(w: _Writer, loop: Loop) -> None:
     if loop.framework == "accelerate":
         w(
             f'accelerator = Accelerator(cpu=True, mixed_precision="{precision}", '
-            "gradient_accumulation_steps=GRAD_ACCUM)"
+            f"gradient_accumulation_steps={_k_value(loop)})"
         )
     else:
         w(
             f'engine = guard.Engine(mixed_precision="{precision}", '
-            "gradient_accumulation_steps=GRAD_ACCUM)"
+            f"gradient_accumulation_steps={_k_value(loop)})"
         )
     engine = "accelerator" if loop.framework == "accelerate" else "engine"
     objects = "model, optimizer, loader" + (", scheduler" if loop.scheduler != "none" else "")
@@ -196,7 +217,7 @@ def _helper(w: _Writer, loop: Loop) -> None:
     w.indent()
     _setup(w, loop, n)
     w("")
-    args = ", ".join(params[:-1] + ["GRAD_ACCUM"])
+    args = ", ".join(params[:-1] + [_k_value(loop)])
     w(f"train({args})")
     _save(w, loop, "model")
     w.dedent()
@@ -233,7 +254,7 @@ def _trainer(w: _Writer, loop: Loop) -> None:
     w.indent()
     _setup(w, loop, _names(loop.but(structure="inline")))
     w("")
-    w(f"Trainer({', '.join(attrs)}, GRAD_ACCUM).fit()")
+    w(f"Trainer({', '.join(attrs)}, {_k_value(loop)}).fit()")
     _save(w, loop, "model")
     w.dedent()
     _main_guard(w)
@@ -274,7 +295,12 @@ def _raw_loop(w: _Writer, loop: Loop, n: _Names) -> None:
         w(f"if step % {n.k} == 0:", "gate")
     else:
         clause = f" or i + 1 == len({n.loader})" if loop.last_batch else ""
-        w(f"if (i + 1) % {n.k} == 0{clause}:", "gate")
+        test = {
+            "plus_one": f"(i + 1) % {n.k} == 0",
+            "minus_one": f"i % {n.k} == {n.k} - 1",
+            "off_by_one": f"i % {n.k} == 0",
+        }[loop.gate_form]
+        w(f"if {test}{clause}:", "gate")
     w.indent()
     _optimizer_step(w, loop, n)
     w.dedent()
@@ -386,7 +412,11 @@ def _framework_loop(w: _Writer, loop: Loop, n: _Names) -> None:
     w.indent()
     if loop.zero_grad == "top":
         w(f"{n.opt}.zero_grad()", "zero_grad")
-    divisor = {"by_k": f" / {n.k}", "by_engine_attr": f" / {n.engine}.gradient_accumulation_steps"}
+    divisor = {
+        "by_k": f" / {n.k}",
+        "by_k_inverse": f" * (1 / {n.k})",
+        "by_engine_attr": f" / {n.engine}.gradient_accumulation_steps",
+    }
     w(f"loss = F.mse_loss({n.model}(x), y){divisor.get(loop.division, '')}")
     w(f"{n.engine}.backward(loss)", "backward")
     torch_clip = loop.clip == "torch_gated"

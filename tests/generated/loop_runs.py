@@ -63,11 +63,12 @@ def run(source: str, with_guard: bool = False, name: str = "train.py") -> Outcom
     out.unlink(missing_ok=True)
     _reset_accelerate()
     torch.set_num_threads(1)
-    with _environ(ACCEL_FIXTURE_OUT=str(out)), _quiet():
+    with _environ(ACCEL_FIXTURE_OUT=str(out)), _quiet(), _guard_as_it_was():
         if with_guard:
             error, findings = _run_guarded(path)
         else:
             error, findings = _run_plain(path), []
+    _reset_accelerate()  # leave no Accelerator state to the tests that follow
     params = torch.load(out) if out.exists() else None
     return Outcome(params, error, findings)
 
@@ -92,6 +93,7 @@ def _run_guarded(path: Path) -> tuple[str | None, list]:
 
     saved = _report._state.settings
     _report._state.settings = _report._Settings(mode="warn")
+    guard.uninstall()  # a fresh tracker: nothing remembered from earlier programs
     guard.install()
     guard.reset()
     try:
@@ -119,6 +121,19 @@ def _reset_accelerate() -> None:
 
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
+
+
+@contextlib.contextmanager
+def _guard_as_it_was():
+    """Other tests in this process may expect the guard installed (as `import guard` leaves it)."""
+    import guard
+
+    was = guard.installed()
+    try:
+        yield
+    finally:
+        if was:
+            guard.install()
 
 
 @contextlib.contextmanager

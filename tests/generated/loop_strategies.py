@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from hypothesis import strategies as st
-from loop_parts import FRAMEWORK_DIVISIONS, RAW_DIVISIONS, Loop
+from loop_parts import FRAMEWORK_DIVISIONS, GATE_FORMS, RAW_DIVISIONS, Loop
 
 
 @st.composite
@@ -19,15 +19,19 @@ def loops(draw, frameworks=("raw", "accelerate", "engine")) -> Loop:
     k = draw(st.integers(1, 5))
     batches = draw(st.integers(max(k, 3), k + 3))
     structure = draw(st.sampled_from(("inline", "helper", "trainer")))
+    k_source = draw(st.sampled_from(("constant", "config")))
     zero_grad = draw(st.sampled_from(("after_step", "top")))
     if framework == "raw":
         gate = draw(st.sampled_from(("enumerate", "counter", "micro")))
         last_batch = draw(st.booleans()) if gate == "enumerate" else True
+        gate_form = draw(st.sampled_from(GATE_FORMS)) if gate == "enumerate" else "plus_one"
+        # Doubled division in a raw loop (the loss and the gradients both divided) is no
+        # catalogue code (ACL302 is about an engine's backward): nothing to expect, not drawn.
         division = draw(st.sampled_from(RAW_DIVISIONS))
         clips = ("none", "gated", "ungated") + (("gated_scaled",) if precision == "fp16" else ())
         scheduler = draw(st.sampled_from(("none", "gated", "ungated")))
     else:
-        gate, last_batch = "accumulate", True
+        gate, last_batch, gate_form = "accumulate", True, "plus_one"
         # With K = 1 a division by K divides by 1: the catalogue's ACL302 speaks of K > 1, and
         # the division is harmless, so it is not drawn (ambiguous, not a contract).
         division = draw(st.sampled_from(FRAMEWORK_DIVISIONS if k > 1 else ("none",)))
@@ -40,6 +44,8 @@ def loops(draw, frameworks=("raw", "accelerate", "engine")) -> Loop:
         k=k,
         gate=gate,
         last_batch=last_batch,
+        gate_form=gate_form,
+        k_source=k_source,
         division=division,
         clip=clip,
         zero_grad=zero_grad,

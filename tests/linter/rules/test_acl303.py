@@ -569,3 +569,32 @@ def test_with_acl307_the_clip_moves_into_the_gate_that_gains_the_last_batch_clau
             opt.zero_grad()
     """
     )
+
+
+def test_with_acl312_the_clip_moves_into_the_gate_whose_test_is_shifted():
+    """A copy of the off-by-one test `i % K == 0` would clip on the wrong micro-steps once
+    ACL312's fix shifts the gate to `(i + 1) % K == 0` (found by tests/generated/)."""
+    from linter.analysis import analyze_source
+    from linter.fixer import fix_text
+
+    source = """
+    for i, (x, y) in enumerate(dl):
+        (crit(model(x), y) / K).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if i % K == 0 or i + 1 == len(dl):
+            opt.step()
+            opt.zero_grad()
+    """
+    analyse = lambda text: analyze_source(text, "snippet.py", ["ACL303", "ACL312"])  # noqa: E731
+    outcome = fix_text(textwrap.dedent(source), analyse, unsafe=True)
+    assert outcome.error is None and analyse(outcome.text) == []
+    assert outcome.text == textwrap.dedent(
+        """
+    for i, (x, y) in enumerate(dl):
+        (crit(model(x), y) / K).backward()
+        if (i + 1) % K == 0 or i + 1 == len(dl):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+    """
+    )
