@@ -14,7 +14,7 @@ from guard import _report
 
 def configuration(tracker: Any, rec: Any) -> dict:
     """A JSON-ready description of the run (see the README's "Run report" section)."""
-    owner = _owner(tracker)
+    owner = _owner(tracker, rec)
     windows = [row.micro_batches for s in (rec.series if rec else []) for row in s.rows]
     return {
         "script": os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else None,
@@ -35,12 +35,15 @@ def configuration(tracker: Any, rec: Any) -> dict:
     }
 
 
-def _owner(tracker: Any) -> Any:
-    """The guard.Engine or Accelerator that prepared the optimizers, or None (a plain loop)."""
-    for st in list(tracker.states):
-        if st.prepared_by is not None:
-            return st.prepared_by
-    return tracker.accelerator()
+def _owner(tracker: Any, rec: Any) -> Any:
+    """The guard.Engine or Accelerator that prepared this run's optimizers, or None (a plain
+    loop). Without any optimizer step, the latest Accelerator, if one was built."""
+    series = rec.series if rec else []
+    for s in series:
+        owner = s.owner()
+        if owner is not None:
+            return owner
+    return None if series else tracker.accelerator()
 
 
 def _trainer_name(owner: Any) -> str:

@@ -65,7 +65,7 @@ def _lede(run: dict, findings: list[dict]) -> str:
 def _config_table(config: dict) -> str:
     optimizers = ", ".join(
         f"{o['type']} ({o['parameters']:,} parameters, {o['param_groups']} group(s), "
-        f"lr {o['first_lr']})"
+        f"lr {_number(o['first_lr'])})"
         for o in config.get("optimizers", [])
     )
     k = config.get("accumulation_steps")
@@ -192,3 +192,7 @@ def _optimizer_timelines(s: dict, markers: list[tuple[int, str]]) -> str:
 def _short_list(values: list[int], limit: int = 20) -> str:
     shown = ", ".join(str(v) for v in values[:limit])
     return shown + (f", ... ({len(values)} in all)" if len(values) > limit else "")
+
+
+def _number(value: float | None) -> str:
+    return "?" if value is None else f"{value:.4g}"

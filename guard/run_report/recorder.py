@@ -58,6 +58,7 @@ class Series:
         self.skipped_windows: list[int] = []
         self.stride = 1
         self.rows: list[Row] = []
+        self.owner: Any = lambda: None  # weakref to the Engine / Accelerator that prepared it
 
     def wants(self, window: int) -> bool:
         return (window - 1) % self.stride == 0
@@ -133,6 +134,7 @@ def install(tracker) -> None:
         found = rec.series_of.get(optimizer)
         if found is None:
             found = rec.series_of[optimizer] = Series(len(rec.series), optimizer)
+            found.owner = _weak(tracker.state(optimizer).prepared_by)
             rec.series.append(found)
             _note_world(rec)
         return found
@@ -263,7 +265,7 @@ def _close(tracker, st, entry: tuple | None) -> None:
         if isinstance(value, torch.Tensor):
             tensors.append(value)
             slots.append(name)
-    tensors.extend(torch.as_tensor(t) for t in tokens)
+    tensors.extend(t if isinstance(t, torch.Tensor) else torch.as_tensor(t) for t in tokens)
     if not tensors:
         return
     named = len(slots)
@@ -305,3 +307,13 @@ def read_unread() -> None:
 def _whole(tensor: torch.Tensor) -> torch.Tensor:
     """A DTensor (FSDP2's clip norm) as a plain tensor."""
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _weak(obj: Any) -> Any:
+    """A weak reference to `obj` (a callable giving None when there is none or it is gone)."""
+    if obj is None:
+        return lambda: None
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj

@@ -32,9 +32,12 @@ class Chart:
 
 
 def _fmt(value: float) -> str:
+    magnitude = abs(value)
     if value == 0:
         return "0"
-    if abs(value) >= 1e5 or abs(value) < 1e-3:
+    if 1e4 <= magnitude < 1e9:
+        return f"{value:,.0f}"  # loss scales and token counts: 65,536
+    if magnitude >= 1e9 or magnitude < 1e-3:
         return f"{value:.2e}"
     return f"{value:.4g}"
 
@@ -126,8 +129,14 @@ def render(chart: Chart) -> str:
         out.append(f"<title>{escape(label)}</title></line>")
     if points:
         out.append(f'<path class="line" d="{_path(chart, scale)}"/>')
-    if len(points) <= _DOTS_UP_TO:
-        for x, y in points:
+    skipped = set(chart.skipped)
+    for x, y in points:
+        if x in skipped:  # the window whose step the scaler skipped, at the scale it used
+            out.append(
+                f'<circle class="skipped" cx="{scale.x(x):.1f}" cy="{scale.y(y):.1f}" r="3.5">'
+            )
+            out.append(f"<title>window {x}: {_fmt(y)}, step skipped</title></circle>")
+        elif len(points) <= _DOTS_UP_TO:
             out.append(f'<circle class="dot" cx="{scale.x(x):.1f}" cy="{scale.y(y):.1f}" r="2">')
             out.append(f"<title>window {x}: {_fmt(y)}</title></circle>")
     out.append("</svg>")
@@ -143,5 +152,6 @@ svg.chart .tick { font: 10px sans-serif; fill: #555; }
 svg.chart .line { fill: none; stroke: #1f6fb4; stroke-width: 1.6; }
 svg.chart .dot { fill: #1f6fb4; }
 svg.chart .skip { stroke: #d62728; stroke-width: 2; }
+svg.chart .skipped { fill: #d62728; }
 svg.chart .finding { stroke: #ff7f0e; stroke-width: 1.4; stroke-dasharray: 4 3; }
 """
