@@ -116,22 +116,23 @@ def user_frames_only(tb: Any, is_internal) -> Any:
 
 # -- warnings in the `path:line: CODE message` shape -------------------------------------------
 
-_installed_format: list = []
-
 
 def use_finding_format(category: type) -> None:
-    """Show `category` warnings in the linter's shape (others as before). Installed once."""
-    if _installed_format:
-        return
+    """Show `category` warnings in the linter's shape (others as before). Installed once, as a
+    patch of `warnings.formatwarning` that `guard.uninstall()` undoes."""
     previous = warnings.formatwarning
+    if getattr(previous, "_guard_finding_format", False):
+        return
 
     def formatwarning(message, cat, filename, lineno, line=None):
         if isinstance(cat, type) and issubclass(cat, category):
             return warning_line(str(message), filename, lineno)
         return previous(message, cat, filename, lineno, line)
 
-    warnings.formatwarning = formatwarning
-    _installed_format.append(formatwarning)
+    formatwarning._guard_finding_format = True
+    from guard import _patch
+
+    _patch.patch(warnings, "formatwarning", formatwarning)
 
 
 # -- the warn-mode summary ---------------------------------------------------------------------
