@@ -113,11 +113,18 @@ def _step_anchor(model, loop, gate, run):
         and any(f.node is gate.node for f in s.stmt.frames)
         for s in loop.sites
     )
-    rewritten = any(  # ACL307 adds a last-batch clause, ACL312 shifts an off-by-one test
-        w.gate.node is gate.node and (not w.last_batch_clause or w.error() not in (0, None))
+    rewritten = any(
+        w.gate.node is gate.node and (_gains_last_batch_clause(w) or w.error() not in (0, None))
         for _, w in windows.window_gates(model)
-    )
+    )  # ACL307 adds a last-batch clause, ACL312 shifts an off-by-one test
     return steps[0] if read & written or divided or rewritten else None
+
+
+def _gains_last_batch_clause(window) -> bool:
+    """An `enumerate` index over a sized loader with no last-batch clause: ACL307's signal."""
+    base = window.base
+    sized_enumerate = base is not None and base.source == "enumerate" and base.sized
+    return sized_enumerate and not window.last_batch_clause
 
 
 def _step_after_micro_loop(loop, gate, run):
