@@ -215,7 +215,11 @@ def measure(roots: list[Path], every_file: bool = False) -> dict:
         "past_prefilter": len(files) if every_file else prefiltered,
         "findings": sum(n for code, n in codes.items() if code != "ACL000"),
         "findings_by_code": dict(sorted(codes.items())),
-        "not_analysed_ACL000": codes.get("ACL000", 0),
+        "not_analysed_ACL000": [
+            f"{Path(f['filename']).relative_to(workdir)}: {f['message']}"
+            for f in findings
+            if f["code"] == "ACL000"
+        ],
         "internal_errors": internal_errors(stderr),
         "other_file_errors": other_errors,
         "files_with_fixes": len(fixable),
@@ -247,7 +251,7 @@ def main() -> int:
     for key, value in result.items():
         shown = len(value) if isinstance(value, list) else value
         print(f"{key}: {shown}")
-    for key in (*MUST_BE_ZERO, "other_file_errors"):
+    for key in (*MUST_BE_ZERO, "other_file_errors", "not_analysed_ACL000"):
         for item in result[key][:20]:
             print(f"  {key}: {item}")
     if args.json:

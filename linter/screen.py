@@ -26,7 +26,11 @@ import ast
 MAX_NESTING = 400
 MAX_BYTES = 2 * 1024 * 1024
 # CPython's own nesting limits, reached before its AST exists.
-_CPYTHON_LIMITS = ("too many nested parentheses", "too many levels of indentation", "too many")
+_CPYTHON_LIMITS = (
+    "too many nested parentheses",
+    "too many levels of indentation",
+    "too many statically nested blocks",
+)
 
 
 def unanalysable(text: str, size: int, shown: str) -> tuple[str, int] | None:

@@ -113,6 +113,9 @@ def last_part(text: str | None) -> str:
 
 
 def strip_parens(node: cst.BaseExpression) -> cst.BaseExpression:
+    """`node` without its own parentheses; `()` keeps them (they are the empty tuple)."""
+    if isinstance(node, cst.Tuple) and not node.elements:
+        return node
     if getattr(node, "lpar", None):
         return node.with_changes(lpar=[], rpar=[])
     return node
