@@ -23,13 +23,13 @@ def _fixed(loop: Loop) -> str:
     return outcome.text
 
 
-@settings(max_examples=examples(80))
+@settings(max_examples=examples(100))
 @given(loops())
 def test_fix_output_parses_and_is_idempotent(loop: Loop) -> None:
     _fixed(loop)
 
 
-@settings(max_examples=examples(25))
+@settings(max_examples=examples(35))
 @given(loops())
 def test_fixed_loop_trains_like_the_corrected_loop(loop: Loop) -> None:
     fixed = _fixed(loop)

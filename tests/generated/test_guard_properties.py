@@ -15,7 +15,7 @@ def _summary(outcome) -> str:
     return "\n".join(rows) or "  nothing"
 
 
-@settings(max_examples=examples(150))
+@settings(max_examples=examples(250))
 @given(loops())
 def test_guard_reports_exactly_the_runtime_codes(loop: Loop) -> None:
     program = render(loop)
