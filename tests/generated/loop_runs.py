@@ -7,9 +7,11 @@ runs in warn mode, and the end-of-run checks fire as they would at exit.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import os
+import shutil
 import sys
 import tempfile
 import traceback
@@ -29,6 +31,7 @@ from rules import ALL_RULES  # noqa: E402
 
 STATIC_CODES = sorted(code for code, rule in ALL_RULES.items() if rule.static)
 _WORKDIR = Path(tempfile.mkdtemp(prefix="accel-generated-"))
+atexit.register(shutil.rmtree, _WORKDIR, ignore_errors=True)
 
 
 def lint(source: str, name: str = "train.py") -> set[tuple[str, int]]:
