@@ -86,7 +86,9 @@ def lint_notebook_job(job: Job) -> FileResult:
     result.cacheable = checked.error is None
     if checked.fixed is not None and checked.fixed != text:
         if job.mode == "write":
-            _write(job.absolute, checked.fixed.encode("utf-8"), result)
+            if not _write(job.absolute, checked.fixed.encode("utf-8"), result, expected=job.data):
+                result.fixed = 0  # the notebook still holds the unfixed cells and their findings
+                result.diagnostics = lint_notebook_text(text, job.shown, job.codes).diagnostics
         else:
             result.diff = cell_diff(job.shown, text, checked.fixed)
     return result

@@ -112,3 +112,27 @@ def test_ctrl_c_during_a_fix_leaves_every_file_old_or_new(tmp_path):
     assert stderr.decode().splitlines() == [
         "error: interrupted: every file holds either its old text or its fixed text"
     ]
+
+
+def test_a_notebook_edited_during_the_run_is_not_clobbered(project, invoke, monkeypatch):
+    """The same protection for a notebook: the editor's save wins over the cells' fix."""
+    import linter.notebooks as notebooks
+
+    notebook = REPO / "tests" / "linter" / "cli" / "notebooks" / "train.ipynb"
+    (project / "train.ipynb").write_bytes(notebook.read_bytes())
+    edited = notebook.read_bytes() + b"\n"  # saved again by an editor that ends with a newline
+    analyse = notebooks.lint_notebook_text
+
+    def save_meanwhile(*args, **kwargs):
+        (project / "train.ipynb").write_bytes(edited)
+        return analyse(*args, **kwargs)
+
+    monkeypatch.setattr(notebooks, "lint_notebook_text", save_meanwhile)
+    result = invoke("train.ipynb", "--fix")
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        "error: train.ipynb: not fixed: the file changed on disk while it was being checked; "
+        "run again"
+    ]
+    assert result.stdout.splitlines()[0].startswith("train.ipynb:cell 5:5:9: ACL301")
+    assert (project / "train.ipynb").read_bytes() == edited
