@@ -87,6 +87,7 @@ class OptimizerPatches:
             self.max_steps = st.steps
             _report.set_step(st.steps)
         self.emit("optimizer_step", optimizer=optimizer, state=st)
+        self.update_sampling()
 
     @staticmethod
     def _is_real_optimizer(optimizer: Any) -> bool:

@@ -76,6 +76,15 @@ class _Subscription:
     event: str
     fn: Callable[..., None]
     when: str | None
+    sampled: bool = False  # called only in sampled windows (see `sampled_window`)
+
+
+def sampled_window(steps: int) -> bool:
+    """Whether an optimizer's window after `steps` steps is a sampled one: the first 8 and every
+    16th after. A loop's structure (how its losses are divided, how many tokens each micro-batch
+    holds) is stable from window to window, so per-micro-step measurements that only describe
+    it run in these windows; every rank counts the same steps, so collectives still pair up."""
+    return steps < 8 or steps % 16 == 0
 
 
 class _Flags:

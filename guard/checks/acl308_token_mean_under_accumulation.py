@@ -10,7 +10,7 @@ was ignored: their counts differ only by the number of targets, i.e. a short las
 epoch (an HF Trainer sequence-classification run), which weighs its samples as any loop without
 accumulation does; that is the loader's tail, not a token mean (each count keeps its number of
 targets, from the shape, so this costs no read). Windows are measured on a sample:
-the first 8 optimizer steps and every 16th after (see `sampled`).
+the first 8 optimizer steps and every 16th after (the tracker's sampled windows).
 
 Under DDP (W > 1, an optimizer of a DDP model) the window spans all ranks: at every step of such
 an optimizer each rank contributes [complete, n, sum, min, max] of its own T_i to one small
@@ -29,6 +29,7 @@ import weakref
 import torch
 
 from guard import _report, distributed
+from guard._tracker_state import sampled_window
 from guard.checks import _graph, _sources
 from guard.checks._common import report
 
@@ -39,19 +40,9 @@ _DDP_KEY = "ACL308_trains_ddp"  # (number of DDP modules known when computed, an
 
 
 def sampled(steps: int) -> bool:
-    """Whether an optimizer's window after `steps` steps is measured: the first 8 and every 16th
-    after. A run's token-count pattern is stable, so this keeps the graph walk and the step-time
-    work off most windows; every rank counts the same steps, so the gathers under DDP still pair
-    up."""
-    return steps < 8 or steps % 16 == 0
-
-
-def _any_sampled(states) -> bool:
-    """Whether some live optimizer's current window is measured (or none is known yet)."""
-    for st in states:  # a loop: this runs every micro-step
-        if sampled(st.steps):
-            return True
-    return not states
+    """Whether an optimizer's window after `steps` steps is measured (the tracker's sampled
+    windows: its per-micro-step subscribers below are not even called in the others)."""
+    return sampled_window(steps)
 
 
 def install(tracker) -> None:
@@ -60,7 +51,7 @@ def install(tracker) -> None:
     ddp_modules: weakref.WeakSet = weakref.WeakSet()
 
     def before_backward(tensors, via, **_) -> None:
-        if not tensors or via == "engine" or not _any_sampled(tracker.states):
+        if not tensors or via == "engine":
             return
         if _report.enabled("ACL308"):
             pending["count"] = _graph.token_mean_count(tensors[0])
@@ -88,8 +79,8 @@ def install(tracker) -> None:
                 [total for total, _ in counts], lambda values: judge([_row_of(values, targets)], 1)
             )
 
-    tracker.subscribe("backward_pre", before_backward)
-    tracker.subscribe("backward", after_backward)
+    tracker.subscribe("backward_pre", before_backward, sampled=True)
+    tracker.subscribe("backward", after_backward, sampled=True)
     tracker.subscribe("ddp_created", saw_ddp)
     tracker.subscribe("ddp_forward", saw_ddp)
     tracker.subscribe("optimizer_step_pre", before_step)

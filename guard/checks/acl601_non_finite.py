@@ -52,10 +52,15 @@ _UNCONSUMED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def install(tracker) -> None:
     tracker.subscribe("scale", _after_scale)
-    tracker.subscribe("backward", _after_backward)
-    tracker.subscribe("clip_done", _after_clip)
+    tracker.subscribe("backward", _after_scaled_backward, when="scaled")
+    # the losses only word the finding (the gradient norm read at every step catches the
+    # damage): kept in sampled windows, where the graph of the loop is measured anyway
+    tracker.subscribe("backward", _after_raw_backward, sampled=True)
+    tracker.subscribe("clip_done", lambda **kw: _after_clip(tracker.backward_id, **kw))
     tracker.subscribe("scaler_step_pre", lambda **kw: _before_scaler_step(tracker.reads, **kw))
-    tracker.subscribe("optimizer_step_pre", lambda **kw: _before_step(tracker.reads, **kw))
+    tracker.subscribe(
+        "optimizer_step_pre", lambda **kw: _before_step(tracker.reads, tracker.backward_id, **kw)
+    )
     tracker.subscribe("zero_grad", _after_zero_grad)
     tracker.subscribe("update", lambda scaler, **_: _UNCONSUMED.pop(scaler, None))
 
@@ -89,17 +94,24 @@ def _contains(loss: torch.Tensor, node) -> bool:
     return False
 
 
-def _after_backward(tensors, scaled_by, states, **_) -> None:
-    if scaled_by is not None:
-        _UNCONSUMED.pop(scaled_by, None)
-    # only a scaled loss carries the flag: skip the attribute miss (an exception) otherwise
-    flag = getattr(tensors[0], "_guard_loss_not_nan", None) if scaled_by is not None else None
-    raw = [t.detach() for t in tensors if t.is_floating_point()] if scaled_by is None else []
-    for st in states:
-        st.extra.pop(_NORM, None)  # a clip's norm is stale once more gradient arrives
-        if flag is not None:
+def _after_scaled_backward(tensors, scaled_by, states, **_) -> None:
+    """A scaled loss's not-NaN flag joins the step's read (fp16: the scaler's step)."""
+    if scaled_by is None:
+        return
+    _UNCONSUMED.pop(scaled_by, None)
+    flag = getattr(tensors[0], "_guard_loss_not_nan", None)
+    if flag is not None:
+        for st in states:
             st.extra.setdefault(_LOSSES, []).append(flag)
-        if raw:
+
+
+def _after_raw_backward(tensors, scaled_by, states, **_) -> None:
+    """An unscaled loss is kept (detached) to tell a non-finite loss from non-finite gradients."""
+    if scaled_by is not None:
+        return
+    raw = [t.detach() for t in tensors if t.is_floating_point()]
+    if raw:
+        for st in states:
             st.extra.setdefault(_RAW_LOSSES, []).extend(raw)
 
 
@@ -107,10 +119,12 @@ def _all_finite(values: list[list[float]]) -> bool:
     return all(math.isfinite(v) for row in values for v in row)
 
 
-def _after_clip(kind, states, result, **_) -> None:
+def _after_clip(backward_id: int, kind, states, result, **_) -> None:
+    """A clip's norm, with the backward pass it saw: a norm is stale once more gradient
+    arrives (a backward after the clip), and then the step computes its own."""
     if kind == "norm" and isinstance(result, torch.Tensor):
         for st in states:
-            st.extra[_NORM] = result
+            st.extra[_NORM] = (result, backward_id)
 
 
 def _after_zero_grad(states, **_) -> None:
@@ -142,13 +156,14 @@ def _report_nan_losses(values: list[list[float]]) -> None:
         )
 
 
-def _before_step(reads, optimizer, state, in_scaler_step, **_) -> None:
+def _before_step(reads, backward_id, optimizer, state, in_scaler_step, **_) -> None:
     """The one host read that must come before the step (its policies act before any weight
     changes): the gradient norm and the window's losses, with whatever the checks deferred."""
     losses = state.extra.pop(_RAW_LOSSES, None)
     if in_scaler_step or state.scaled_pending:
         return  # the scaler's inf check runs (or ACL102 reports the bypass)
-    norm = state.extra.pop(_NORM, None)
+    clipped = state.extra.pop(_NORM, None)
+    norm = clipped[0] if clipped is not None and clipped[1] == backward_id else None
     if norm is None:
         norm = grad_norm(optimizer)
     values = reads.read(([] if norm is None else [norm]) + (losses or []))

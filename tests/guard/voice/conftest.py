@@ -15,6 +15,7 @@ def guard_mode(request):
     from guard import _report
 
     saved = _report._state.settings
+    guard.uninstall()  # a fresh tracker: what earlier tests prepared is not this run's
     guard.install()
 
     def set_mode(mode: str, report_path: str | None = None):
