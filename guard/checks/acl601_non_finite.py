@@ -204,7 +204,7 @@ def _first_offender(optimizer) -> str:
 def _parameter_name(param) -> str:
     """`param`'s qualified name in its model (the outermost module holding it, a DDP or
     compiled wrapper looked through), found among the live modules; its shape if none has it."""
-    modules = [obj for obj in gc.get_objects() if isinstance(obj, torch.nn.Module)]
+    modules = [obj for obj in gc.get_objects() if _is_module(obj)]
     children = {id(child) for module in modules for child in module.children()}
     for root in modules:
         if id(root) in children:
@@ -216,6 +216,17 @@ def _parameter_name(param) -> str:
             if candidate is param:
                 return f"`{name}`"
     return f"a parameter of shape {tuple(param.shape)}"
+
+
+def _is_module(obj) -> bool:
+    """A module among the collector's objects. Weak proxies are skipped: a live one's module is
+    in the list itself, and a dead one raises ReferenceError on any use."""
+    if isinstance(obj, _PROXIES):
+        return False
+    return isinstance(obj, torch.nn.Module)
+
+
+_PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
 
 
 def _find_the_source() -> str:

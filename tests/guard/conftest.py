@@ -21,6 +21,7 @@ def guard_on():
     import guard
     from guard import _report
 
+    guard.uninstall()  # a fresh tracker: objects earlier tests left alive are not this test's
     guard.install()
     saved = _report._state.settings
     _report._state.settings = _report._Settings(mode="raise", select=tuple(E2_CODES))
