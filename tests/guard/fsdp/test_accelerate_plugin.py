@@ -74,6 +74,12 @@ def test_transformer_based_wrap_shards_the_named_layers(one_rank_group):
     )
     assert got == _fsdp2.FSDP2Plugin(_fsdp2.LayerClassNames(("Block",)), False)
     assert units(got) == ["", "layers.0", "layers.1"]  # the root, then each Block
+    model = _fsdp2.shard(Net(), got, "no")
+    model(torch.randn(3, 8))  # reshard_after_forward=False: the Blocks stay gathered after it
+    assert {type(p).__name__ for p in model.layers.parameters()} == {"Parameter"}
+    model = _fsdp2.shard(Net(), mapped(auto_wrap_policy="transformer_based_wrap"), "no")
+    model(torch.randn(3, 8))  # Accelerate's default, True: resharded into DTensors
+    assert {type(p).__name__ for p in model.layers.parameters()} == {"DTensor"}
 
 
 def test_transformer_layers_default_to_no_split_modules_and_must_exist(one_rank_group):
