@@ -102,7 +102,10 @@ def test_no_log_with_tracks_nothing_as_accelerate(both, tmp_path):
         lib.end_training()
 
 
-def test_jsonl_tracker_is_the_default_when_no_other_is_installed(tmp_path):
+def test_jsonl_tracker_is_the_default_when_no_other_is_installed(tmp_path, monkeypatch):
+    import guard._engine_tracking
+
+    monkeypatch.setattr(guard._engine_tracking, "_available", lambda: [])  # none installed
     engine = guard.Engine(cpu=True, log_with="all", project_dir=str(tmp_path))
     engine.init_trackers("run", config={"lr": 0.1, "epochs": 2})
     engine.log({"loss": torch.tensor(0.5), "accuracy": 0.75}, step=1)
