@@ -87,8 +87,10 @@ class Engine(Checkpointing, ProcessHelpers, Tracking, AccelerateOptions, Unsuppo
         split_batches: as in Accelerate, whether the scheduler steps once (True) or W times (False)
             per optimizer step.
         fsdp_plugin: shard prepared models with FSDP2 (`fully_shard`) instead of wrapping them in
-            DDP, under several processes: a `guard.FSDP2Plugin` (block policy, resharding) or
-            True for its defaults. See guard/_fsdp2.py.
+            DDP, under several processes: a `guard.FSDP2Plugin` (block policy, resharding),
+            Accelerate's `FullyShardedDataParallelPlugin(fsdp_version=2, ...)` (its supported
+            fields mapped, the others refused by name), or True for the defaults. See
+            guard/_fsdp2.py.
         **accelerate_options: Accelerator's other arguments (cpu, log_with, project_dir, ...),
             for scripts written for Accelerate; see guard/_engine_options.py.
     """
