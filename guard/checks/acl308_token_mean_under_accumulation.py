@@ -39,12 +39,6 @@ _KEY = "ACL308_counts"
 _DDP_KEY = "ACL308_trains_ddp"  # (number of DDP modules known when computed, answer)
 
 
-def sampled(steps: int) -> bool:
-    """Whether an optimizer's window after `steps` steps is measured (the tracker's sampled
-    windows: its per-micro-step subscribers below are not even called in the others)."""
-    return sampled_window(steps)
-
-
 def install(tracker) -> None:
     _sources.ensure(tracker, "ddp")
     pending: dict = {}
@@ -68,7 +62,7 @@ def install(tracker) -> None:
 
     def before_step(optimizer, state, **_) -> None:
         counts = state.extra.pop(_KEY, None)
-        if not sampled(state.steps):
+        if not sampled_window(state.steps):
             return
         complete = bool(counts) and len(counts) == state.backwards
         if _across_ranks(state, optimizer, ddp_modules):
