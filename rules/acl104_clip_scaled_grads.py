@@ -71,6 +71,13 @@ optimizer owning the parameters is still in the `READY` stage (not `UNSCALED`), 
 For FSDP1 modules the call is reported and redirected to the module's own `clip_grad_norm_`
 (a warning), and clipping part of an FSDP1 model's parameters is an error (FSDP1 clips the whole
 model). For FSDP2 (DTensor parameters) torch's clip returns the all-reduced global norm, which
-the guard reads like any other; nothing is reported.
+the guard reads like any other; nothing is reported. With more than one process it reports (an
+error, at the clip's line) a clip over the local shards of FSDP2's DTensors: plain tensors
+sharing their storage with the local tensor of a DTensor parameter or gradient that an optimizer
+trains (`p.to_local()`, `p._local_tensor`, `p.grad.to_local()`), passed to `clip_grad_norm_`,
+`clip_grad_value_` or `clip_grads_with_norm_` (such a tensor has no `.grad`: nothing is clipped),
+and `clip_grads_with_norm_` given a norm that `torch.nn.utils.get_total_norm` measured over such
+shards and that is unchanged since (each rank clips by its own shard's norm). A norm made global
+by hand (local norms combined with `all_reduce`) is a new value and is not reported.
 """,
 )

@@ -8,7 +8,9 @@
   parameters cannot be redirected (FSDP clips the whole model): that is an error.
 
 FSDP1 models are noticed when they are built, through torch's public module-registration hook
-(an FSDP1 wrapper registers the module it wraps as its child).
+(an FSDP1 wrapper registers the module it wraps as its child). FSDP2's DTensor parameters need
+nothing here (torch's clip all-reduces their norm); a clip over their local shards is reported
+by `acl104_fsdp2_local_shards`.
 """
 
 from __future__ import annotations

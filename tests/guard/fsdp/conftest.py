@@ -7,10 +7,12 @@ mode: an error-level guard finding in a correct loop fails the test with its tra
 
 from __future__ import annotations
 
+import socket
 import sys
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # fsdp_cases and fsdp_reference are shared with the workers
@@ -29,3 +31,15 @@ def fsdp_pool(tmp_path_factory):
     )
     yield pool
     pool.close()
+
+
+@pytest.fixture
+def one_rank_group():
+    """A 1-process gloo group, so that `fully_shard` runs in this process; torn down after."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    store = dist.TCPStore("127.0.0.1", port, 1, is_master=True)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

@@ -5,11 +5,9 @@ checked on the engine's plugin, and the resulting units by `fully_shard` on a 1-
 from __future__ import annotations
 
 import functools
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
 from accelerate import FullyShardedDataParallelPlugin
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
@@ -47,18 +45,6 @@ def plugin(**fields) -> FullyShardedDataParallelPlugin:
 
 def mapped(precision: str = "no", **fields) -> _fsdp2.FSDP2Plugin:
     return guard.Engine(precision, fsdp_plugin=plugin(**fields)).fsdp_plugin
-
-
-@pytest.fixture
-def one_rank_group():
-    """A 1-process gloo group, so that `fully_shard` runs in this process; torn down after."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    store = dist.TCPStore("127.0.0.1", port, 1, is_master=True)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def units(plugin: _fsdp2.FSDP2Plugin, precision: str = "no") -> list[str]:

@@ -1,0 +1,154 @@
+"""ACL104 under FSDP2: a clip that measures this rank's local shards, not the sharded model.
+
+torch's clip functions over FSDP2's DTensor parameters all-reduce the norm, so they are right.
+Code that works around DTensors by taking their local shards loses it, in two ways:
+
+- the local shards (`p.to_local()`, `p._local_tensor`, `p.grad.to_local()`) passed to
+  `clip_grad_norm_`, `clip_grad_value_` or `clip_grads_with_norm_`: a plain shard carries no
+  `.grad`, so nothing is measured or clipped on any rank (the returned norm is 0);
+- `torch.nn.utils.get_total_norm` over the local shards of the DTensor gradients, passed on to
+  `clip_grads_with_norm_`: each rank measures its own shard, so ranks clip by different factors
+  and the shards stop describing one model's step.
+
+A local shard is a plain tensor sharing its storage with the local tensor of a DTensor parameter
+(or gradient) of an optimizer the tracker watches. A norm is judged where it is used to clip,
+unchanged since `get_total_norm` returned it: a norm all-reduced in place, or built from the
+local norms with a collective, is a new value and passes. Only with more than one process (one
+rank's shard is the whole tensor); the test costs nothing unless a clip receives plain tensors
+that are not trainable parameters.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from guard import _patch, distributed
+from guard.checks._common import report
+
+CODES = ("ACL104",)
+_FIX = (
+    "pass the DTensor parameters themselves: torch.nn.utils.clip_grad_norm_(model.parameters(), "
+    "max_norm) (or engine.clip_grad_norm_), which all-reduces the norm over the shards"
+)
+
+
+class _LocalNorms:
+    """Norms `get_total_norm` measured over local shards: id -> (weak reference, version)."""
+
+    def __init__(self) -> None:
+        self._norms: dict[int, tuple[weakref.ref, int]] = {}
+
+    def add(self, norm: torch.Tensor) -> None:
+        self._norms = {k: v for k, v in self._norms.items() if v[0]() is not None}
+        self._norms[id(norm)] = (weakref.ref(norm), norm._version)
+
+    def unchanged(self, norm: Any) -> bool:
+        entry = self._norms.get(id(norm))
+        return entry is not None and entry[0]() is norm and entry[1] == norm._version
+
+
+def install(tracker) -> None:
+    norms = _LocalNorms()
+
+    def before_clip(kind, parameters, via, **_) -> None:
+        if via != "fsdp" and _local_shards(tracker, parameters):
+            _report_clips_nothing(f"torch.nn.utils.clip_grad_{kind}_")
+
+    tracker.subscribe("clip", before_clip)
+    utils = torch.nn.utils
+    get_total_norm = getattr(utils, "get_total_norm", None)
+    clip_with_norm = getattr(utils, "clip_grads_with_norm_", None)
+    if get_total_norm is not None and clip_with_norm is not None:
+        _patch.patch(utils, "get_total_norm", _noting(get_total_norm, tracker, norms))
+        _patch.patch(utils, "clip_grads_with_norm_", _judging(clip_with_norm, tracker, norms))
+
+
+def _as_list(tensors: Any) -> list:
+    return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+
+
+def _noting(original: Callable, tracker, norms: _LocalNorms) -> Callable:
+    @_patch.wraps_original(original)
+    def get_total_norm(tensors, *args, **kwargs):
+        tensors = _as_list(tensors)  # a generator is read once, here
+        norm = original(tensors, *args, **kwargs)
+        if _local_shards(tracker, tensors):
+            norms.add(norm)
+        return norm
+
+    return get_total_norm
+
+
+def _judging(original: Callable, tracker, norms: _LocalNorms) -> Callable:
+    @_patch.wraps_original(original)
+    def clip_grads_with_norm_(parameters, max_norm, total_norm, *args, **kwargs):
+        parameters = _as_list(parameters)
+        if norms.unchanged(total_norm) and distributed.world_size() > 1:
+            _report_per_rank_norm()
+        elif _local_shards(tracker, parameters):
+            _report_clips_nothing("torch.nn.utils.clip_grads_with_norm_")
+        return original(parameters, max_norm, total_norm, *args, **kwargs)
+
+    return clip_grads_with_norm_
+
+
+def _local_shards(tracker, tensors: list) -> bool:
+    """Whether some of `tensors` are local shards of DTensors the tracker's optimizers train
+    (only with more than one process)."""
+    plain = [t for t in tensors if _maybe_shard(t)]
+    if not plain or distributed.world_size() <= 1:
+        return False
+    storages = _shard_storages(tracker)
+    return any(t.untyped_storage().data_ptr() in storages for t in plain)
+
+
+def _maybe_shard(tensor: Any) -> bool:
+    """A plain, non-empty tensor that is not a trainable parameter (cheap: no storage read)."""
+    return (
+        isinstance(tensor, torch.Tensor)
+        and not hasattr(tensor, "to_local")
+        and not (tensor.is_leaf and tensor.requires_grad)
+        and tensor.numel() > 0
+    )
+
+
+def _shard_storages(tracker) -> set[int]:
+    """Storage addresses of the local tensors of the watched DTensor parameters and gradients."""
+    found: set[int] = set()
+    with torch.no_grad():
+        for state in tracker.states:
+            optimizer = state.ref()
+            if optimizer is None:
+                continue
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    for tensor in (param, param.grad):
+                        if hasattr(tensor, "to_local"):
+                            local = tensor.to_local()
+                            if local.numel() > 0:
+                                found.add(local.untyped_storage().data_ptr())
+    return found
+
+
+def _report_clips_nothing(function: str) -> None:
+    report(
+        "ACL104",
+        f"{function} over the local shards of FSDP2's DTensor parameters or gradients "
+        "(to_local(), _local_tensor): a plain shard has no .grad, so nothing is measured or "
+        f"clipped on any rank (the norm is 0); {_FIX}",
+    )
+
+
+def _report_per_rank_norm() -> None:
+    report(
+        "ACL104",
+        "torch.nn.utils.clip_grads_with_norm_ with a total norm that get_total_norm measured "
+        "over this rank's local shards of FSDP2's DTensor gradients (to_local()): each rank "
+        "clips by its own shard's norm, so ranks scale their shards by different factors and "
+        "the update is no longer the globally clipped gradient; measure the DTensor gradients "
+        "themselves (get_total_norm([p.grad for p in model.parameters()]) all-reduces), or " + _FIX,
+    )
