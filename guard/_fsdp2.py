@@ -9,7 +9,9 @@ mechanics, which live here so that `engine.py` stays one branch per concern:
   so gradients are reduce-scattered once per optimizer step;
 - gradients are DTensors: the engine rescales their local shards in place, and reports the
   clipped norm as a plain tensor (torch's `clip_grad_norm_` over DTensors already all-reduces it);
-- checkpoints: `torch.distributed.checkpoint` with the sharded model and optimizer state dicts.
+- checkpoints: `torch.distributed.checkpoint` with the sharded model and optimizer state dicts,
+  which it reshards on load, so another world size loads them exactly; a checkpoint saved in
+  the middle of an epoch is refused there (each rank's batches depend on the world size).
 
 A GradScaler needs nothing extra: torch's found-inf check over DTensor gradients reduces the
 flag across the shards' ranks, so every rank skips the same steps (the guard checks that).
@@ -364,12 +366,52 @@ def _state(engine: Engine) -> dict[str, Any]:
     }
 
 
+def _world(engine: Engine) -> dict[str, Any]:
+    """The world size, and whether a prepared loader's pass was left unfinished (it started and
+    has not reached its last batch): which batches each rank sees depends on the world size."""
+    from guard import distributed
+
+    unfinished = any(
+        loader.pass_rng is not None and not loader.end_of_dataloader
+        for loader in engine._dataloaders
+    )
+    return {"size": distributed.world_size(), "mid_epoch": unfinished}
+
+
 def save_state(engine: Engine, directory: str | Path) -> None:
-    """Write models, optimizers (sharded, one file per rank), schedulers and the engine's own
-    state with `torch.distributed.checkpoint`; every rank must call it."""
+    """Write models, optimizers (sharded, one file per rank), schedulers, the engine's own state
+    and the world it ran on with `torch.distributed.checkpoint`; every rank must call it."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.save(_state(engine), checkpoint_id=str(directory))
+    dcp.save({**_state(engine), "world": _world(engine)}, checkpoint_id=str(directory))
+
+
+def _refuse_another_world_mid_epoch(directory: str | Path) -> None:
+    """Loading on another world size is exact for the model and optimizer state (DCP reshards
+    them), but a pass saved mid-epoch cannot be continued: each rank's batches depend on W."""
+    import torch.distributed.checkpoint as dcp
+
+    from guard import distributed
+
+    saved_keys = dcp.FileSystemReader(str(directory)).read_metadata().state_dict_metadata
+    if "world.size" not in saved_keys:
+        return  # written before the world was recorded
+    saved = {"world": {"size": 0, "mid_epoch": False}}
+    dcp.load(saved, checkpoint_id=str(directory))
+    size, mid_epoch = saved["world"]["size"], saved["world"]["mid_epoch"]
+    here = distributed.world_size()
+    if mid_epoch and size != here:
+        raise RuntimeError(
+            f"this FSDP2 checkpoint was saved by {_processes(size)} in the middle of an epoch; "
+            f"loading it on {_processes(here)} would continue the epoch with other batches on "
+            f"each rank (skip_first_batches counts the batches of {_processes(size)}): resume "
+            f"it on {_processes(size)}, or save at an epoch boundary (after the loop over the "
+            "loader ends), which loads on any world size"
+        )
+
+
+def _processes(count: int) -> str:
+    return f"{count} process" if count == 1 else f"{count} processes"
 
 
 def load_state(engine: Engine, directory: str | Path) -> None:
@@ -380,6 +422,7 @@ def load_state(engine: Engine, directory: str | Path) -> None:
         set_optimizer_state_dict,
     )
 
+    _refuse_another_world_mid_epoch(directory)
     state = _state(engine)
     dcp.load(state, checkpoint_id=str(directory))
     for i, model in enumerate(engine._models):

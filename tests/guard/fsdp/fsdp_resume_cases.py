@@ -39,9 +39,12 @@ def _snapshot(engine, model, opt, sched) -> dict:
     }
 
 
-def epoch_then_checkpoint(directory: str, samples: int, batch_size: int, n: int, load: bool):
-    """Load `directory` first when `load` (else start fresh and save there after one epoch);
-    train one epoch of `samples` with the engine's clip; returns snapshots and findings."""
+def epoch_then_checkpoint(
+    directory: str, samples: int, batch_size: int, n: int, load: bool, stop_after: int | None = None
+):
+    """Load `directory` first when `load` (else start fresh and save there after one epoch, or
+    mid-epoch after `stop_after` optimizer steps); train one epoch of `samples` with the
+    engine's clip; returns snapshots and findings."""
     guard.reset()
     engine = guard.Engine("no", gradient_accumulation_steps=n, fsdp_plugin=True)
     model = make_model(seed=7 if load else 0)  # loaded: everything must come from the files
@@ -61,6 +64,8 @@ def epoch_then_checkpoint(directory: str, samples: int, batch_size: int, n: int,
             opt.step()
             sched.step()
             opt.zero_grad()
+        if engine.optimizer_steps == stop_after:
+            break
     result["trained"] = _snapshot(engine, model, opt, sched)
     if not load:
         engine.save_sharded_state(directory)

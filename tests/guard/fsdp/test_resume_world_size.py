@@ -2,11 +2,13 @@
 ranks (sharded) to 1 process (unsharded) and back. torch.distributed.checkpoint reshards the
 model and optimizer state on load, so the loaded state equals the saved one bit for bit, and
 the continued run equals a single-process reference (the scheduler keeps the engine's pace: W
-steps per optimizer step, W being the world size of each epoch)."""
+steps per optimizer step, W being the world size of each epoch). A checkpoint saved in the
+middle of an epoch is refused on another world size, before anything is loaded."""
 
 from __future__ import annotations
 
 import fsdp_resume_cases
+import pytest
 import torch
 import torch.nn.functional as F
 from fsdp_reference import flat_params, make_data, make_model, make_optimizer, rel_err
@@ -71,3 +73,23 @@ def test_one_process_resumes_on_two_ranks(fsdp_pool, guard_on, tmp_path):
         assert rel_err(rank["trained"]["params"], want) <= 1e-6
         assert rank["findings"] == []
     assert torch.equal(resumed[0]["trained"]["params"], resumed[1]["trained"]["params"])
+
+
+def refusal(saved_by: str, loaded_by: str) -> str:
+    return (
+        f"this FSDP2 checkpoint was saved by {saved_by} in the middle of an epoch; loading it "
+        f"on {loaded_by} would continue the epoch with other batches on each rank"
+    )
+
+
+def test_a_mid_epoch_checkpoint_is_refused_on_another_world_size(fsdp_pool, guard_on, tmp_path):
+    two, one = str(tmp_path / "two"), str(tmp_path / "one")
+    fsdp_pool.run(RUN, directory=two, samples=SAMPLES, batch_size=B, n=N, load=False, stop_after=1)
+    with pytest.raises(RuntimeError, match=refusal("2 processes", "1 process")) as raised:
+        RUN(directory=two, samples=SAMPLES, batch_size=W * B, n=N, load=True)
+    assert "resume it on 2 processes, or save at an epoch boundary" in str(raised.value)
+    RUN(directory=one, samples=SAMPLES, batch_size=W * B, n=N, load=False, stop_after=1)
+    with pytest.raises(
+        AssertionError, match=refusal("1 process", "2 processes")
+    ):  # the pool's error, from both ranks
+        fsdp_pool.run(RUN, directory=one, samples=SAMPLES, batch_size=B, n=N, load=True)
