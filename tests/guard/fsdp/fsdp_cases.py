@@ -4,6 +4,7 @@ guard installed in raise mode. Each returns plain tensors, numbers and the guard
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 import torch.distributed as dist
@@ -34,7 +35,8 @@ def counting_reduce_scatters(counter: dict):
 
 
 def _engine(precision: str, n: int, init_scale: float | None = None, **kwargs):
-    engine = guard.Engine(precision, gradient_accumulation_steps=n, fsdp_plugin=True, **kwargs)
+    kwargs.setdefault("fsdp_plugin", True)
+    engine = guard.Engine(precision, gradient_accumulation_steps=n, **kwargs)
     if init_scale is not None:
         engine.prepare(torch.amp.GradScaler("cpu", init_scale=init_scale))
     return engine
@@ -57,6 +59,12 @@ def _train(engine, model, opt, loader, sched, clip, counter, stop_after=None) ->
     return norms
 
 
+def _units(model: torch.nn.Module) -> list[str]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [name for name, module in model.named_modules() if isinstance(module, FSDPModule)]
+
+
 def engine_train(precision, opt_kind, clip, samples, batch_size, n, init_scale=None, **kwargs):
     """Train through the FSDP2 engine, counting reduce-scatters."""
     guard.reset()
@@ -72,6 +80,7 @@ def engine_train(precision, opt_kind, clip, samples, batch_size, n, init_scale=N
         "rank": engine.process_index,
         "world": engine.num_processes,
         "sharded": [type(p).__name__ for p in model.parameters()],
+        "units": _units(model),
         "params": flat_params(model),
         "norms": norms,
         "reduce_scatters": counter["calls"],
@@ -79,6 +88,21 @@ def engine_train(precision, opt_kind, clip, samples, batch_size, n, init_scale=N
         "scale": None if engine.scaler is None else engine.scaler.get_scale(),
         "findings": _findings(),
     }
+
+
+def accelerate_plugin_train(plugin_fields: dict, **kwargs):
+    """`engine_train` with Accelerate's FullyShardedDataParallelPlugin(fsdp_version=2,
+    **plugin_fields), built on this rank (its __post_init__ reads the environment; whatever it
+    sets there is undone afterwards)."""
+    from accelerate import FullyShardedDataParallelPlugin
+
+    environment = dict(os.environ)
+    try:
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, **plugin_fields)
+    finally:
+        os.environ.clear()
+        os.environ.update(environment)
+    return engine_train(fsdp_plugin=plugin, **kwargs)
 
 
 def engine_ddp_train(precision, samples, batch_size, n, init_scale=None, **kwargs):
