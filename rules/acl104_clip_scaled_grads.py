@@ -77,7 +77,8 @@ sharing their storage with the local tensor of a DTensor parameter or gradient t
 trains (`p.to_local()`, `p._local_tensor`, `p.grad.to_local()`), passed to `clip_grad_norm_`,
 `clip_grad_value_` or `clip_grads_with_norm_` (such a tensor has no `.grad`: nothing is clipped),
 and `clip_grads_with_norm_` given a norm that `torch.nn.utils.get_total_norm` measured over such
-shards and that is unchanged since (each rank clips by its own shard's norm). A norm made global
-by hand (local norms combined with `all_reduce`) is a new value and is not reported.
+shards (each rank clips by its own shard's norm). A norm made global by hand is not reported:
+one passed through `torch.distributed.all_reduce` or `broadcast` in place since (a max norm), or
+a new value combined from the local norms with a collective.
 """,
 )

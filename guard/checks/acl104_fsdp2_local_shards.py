@@ -11,11 +11,11 @@ Code that works around DTensors by taking their local shards loses it, in two wa
   and the shards stop describing one model's step.
 
 A local shard is a plain tensor sharing its storage with the local tensor of a DTensor parameter
-(or gradient) of an optimizer the tracker watches. A norm is judged where it is used to clip,
-unchanged since `get_total_norm` returned it: a norm all-reduced in place, or built from the
-local norms with a collective, is a new value and passes. Only with more than one process (one
-rank's shard is the whole tensor); the test costs nothing unless a clip receives plain tensors
-that are not trainable parameters.
+(or gradient) of an optimizer the tracker watches. A norm is judged where it is used to clip: one
+that `torch.distributed.all_reduce` or `broadcast` changed in place since (a max norm made global
+by hand), or a new value built from the local norms with a collective, passes. Only with more
+than one process (one rank's shard is the whole tensor); the test costs nothing unless a clip
+receives plain tensors that are not trainable parameters, and a collective one dict test.
 """
 
 from __future__ import annotations
@@ -37,18 +37,24 @@ _FIX = (
 
 
 class _LocalNorms:
-    """Norms `get_total_norm` measured over local shards: id -> (weak reference, version)."""
+    """Norms `get_total_norm` measured over local shards and no collective has changed since:
+    id -> weak reference."""
 
     def __init__(self) -> None:
-        self._norms: dict[int, tuple[weakref.ref, int]] = {}
+        self._norms: dict[int, weakref.ref] = {}
 
     def add(self, norm: torch.Tensor) -> None:
-        self._norms = {k: v for k, v in self._norms.items() if v[0]() is not None}
-        self._norms[id(norm)] = (weakref.ref(norm), norm._version)
+        self._norms = {k: ref for k, ref in self._norms.items() if ref() is not None}
+        self._norms[id(norm)] = weakref.ref(norm)
 
-    def unchanged(self, norm: Any) -> bool:
-        entry = self._norms.get(id(norm))
-        return entry is not None and entry[0]() is norm and entry[1] == norm._version
+    def forget(self, tensor: Any) -> None:
+        """`tensor` went through a collective in place (made global by hand, e.g. a max norm)."""
+        if self._norms:
+            self._norms.pop(id(tensor), None)
+
+    def local(self, norm: Any) -> bool:
+        ref = self._norms.get(id(norm))
+        return ref is not None and ref() is norm
 
 
 def install(tracker) -> None:
@@ -62,9 +68,13 @@ def install(tracker) -> None:
     utils = torch.nn.utils
     get_total_norm = getattr(utils, "get_total_norm", None)
     clip_with_norm = getattr(utils, "clip_grads_with_norm_", None)
-    if get_total_norm is not None and clip_with_norm is not None:
-        _patch.patch(utils, "get_total_norm", _noting(get_total_norm, tracker, norms))
-        _patch.patch(utils, "clip_grads_with_norm_", _judging(clip_with_norm, tracker, norms))
+    if get_total_norm is None or clip_with_norm is None or not torch.distributed.is_available():
+        return
+    _patch.patch(utils, "get_total_norm", _noting(get_total_norm, tracker, norms))
+    _patch.patch(utils, "clip_grads_with_norm_", _judging(clip_with_norm, tracker, norms))
+    for name in ("all_reduce", "broadcast"):
+        original = getattr(torch.distributed, name)
+        _patch.patch(torch.distributed, name, _forgetting(original, norms))
 
 
 def _as_list(tensors: Any) -> list:
@@ -83,11 +93,20 @@ def _noting(original: Callable, tracker, norms: _LocalNorms) -> Callable:
     return get_total_norm
 
 
+def _forgetting(original: Callable, norms: _LocalNorms) -> Callable:
+    @_patch.wraps_original(original)
+    def collective(tensor, *args, **kwargs):
+        norms.forget(tensor)
+        return original(tensor, *args, **kwargs)
+
+    return collective
+
+
 def _judging(original: Callable, tracker, norms: _LocalNorms) -> Callable:
     @_patch.wraps_original(original)
     def clip_grads_with_norm_(parameters, max_norm, total_norm, *args, **kwargs):
         parameters = _as_list(parameters)
-        if norms.unchanged(total_norm) and distributed.world_size() > 1:
+        if norms.local(total_norm) and distributed.world_size() > 1:
             _report_per_rank_norm()
         elif _local_shards(tracker, parameters):
             _report_clips_nothing("torch.nn.utils.clip_grads_with_norm_")

@@ -4,6 +4,8 @@ harm can be measured. The clip lines carry a `# clip:` marker that the tests loo
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -11,7 +13,7 @@ from fsdp_reference import flat_params, make_data, make_model, make_optimizer
 
 import guard
 
-MAX_NORM = 0.05  # below every step's gradient norm: each step is clipped
+MAX_NORM = 0.05  # below every step's gradient norm (L2 and max): each step is clipped
 
 
 def _clip(how: str, model: torch.nn.Module) -> float:
@@ -27,6 +29,12 @@ def _clip(how: str, model: torch.nn.Module) -> float:
         dist.all_reduce(local)
         norm = local.sqrt()
         torch.nn.utils.clip_grads_with_norm_(params, MAX_NORM, norm)  # clip: all-reduced
+    elif how == "dtensor-inf":
+        norm = torch.nn.utils.clip_grad_norm_(params, MAX_NORM, norm_type=math.inf)
+    elif how == "inf-all-reduced":  # the largest local entry, made global in place: correct
+        norm = torch.nn.utils.get_total_norm([p.grad.to_local() for p in params], math.inf)
+        dist.all_reduce(norm, op=dist.ReduceOp.MAX)
+        torch.nn.utils.clip_grads_with_norm_(params, MAX_NORM, norm)  # clip: inf-all-reduced
     elif how == "to-local":
         shards = [p.to_local() for p in params]
         norm = torch.nn.utils.clip_grad_norm_(shards, MAX_NORM)  # clip: to-local

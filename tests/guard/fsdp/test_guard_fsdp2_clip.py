@@ -39,6 +39,18 @@ def test_clips_that_see_the_global_norm_report_nothing(fsdp_pool, how):
         assert rel_err(rank["params"], want) <= 1e-6
 
 
+def test_an_inf_norm_all_reduced_in_place_reports_nothing(fsdp_pool):
+    """The norm get_total_norm returned, changed in place by the all-reduce: not a local one."""
+    kwargs = dict(batch_size=B, steps=STEPS)
+    by_hand = fsdp_pool.run(fsdp_clip_cases.clip_loop, how="inf-all-reduced", **kwargs)
+    torch_clip = fsdp_pool.run(fsdp_clip_cases.clip_loop, how="dtensor-inf", **kwargs)
+    for rank, want in zip(by_hand, torch_clip, strict=True):
+        assert rank["findings"] == [] and want["findings"] == []
+        assert rank["norms"] == want["norms"]
+        assert torch.equal(rank["params"], want["params"])
+    assert by_hand[0]["norms"][0] > fsdp_clip_cases.MAX_NORM  # the clip was active
+
+
 def test_ddp_with_get_total_norm_reports_nothing(fsdp_pool):
     kwargs = dict(how="dtensor-norm", batch_size=B, steps=STEPS, sharded=False)
     results = fsdp_pool.run(fsdp_clip_cases.clip_loop, **kwargs)
