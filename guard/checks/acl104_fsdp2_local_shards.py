@@ -153,12 +153,20 @@ def _shard_storages(tracker) -> set[int]:
     return found
 
 
+_VALUE_FIX = (
+    "pass the DTensor parameters themselves: torch.nn.utils.clip_grad_value_(model.parameters(), "
+    "clip_value) (or engine.clip_grad_value_), which clamps every shard of their gradients"
+)
+
+
 def _report_clips_nothing(function: str) -> None:
+    value = function.endswith("clip_grad_value_")
+    effect = "nothing is clipped" if value else "nothing is measured or clipped (the norm is 0)"
     report(
         "ACL104",
         f"{function} over the local shards of FSDP2's DTensor parameters or gradients "
-        "(to_local(), _local_tensor): a plain shard has no .grad, so nothing is measured or "
-        f"clipped on any rank (the norm is 0); {_FIX}",
+        f"(to_local(), _local_tensor): a plain shard has no .grad, so {effect} on any rank; "
+        + (_VALUE_FIX if value else _FIX),
     )
 
 

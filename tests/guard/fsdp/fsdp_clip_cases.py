@@ -77,3 +77,21 @@ def clip_loop(how: str, batch_size: int, steps: int, sharded: bool = True) -> di
         return {"params": flat_params(model), "norms": norms, "findings": findings}
     finally:
         guard.configure(mode="raise")
+
+
+def value_clip_over_local_tensors() -> dict:
+    """clip_grad_value_ over `p._local_tensor` (none has a .grad: torch itself then fails with
+    an internal error), in raise mode: the guard's error comes first."""
+    guard.reset()
+    model = _model(sharded=True)
+    opt = make_optimizer("sgd", model.parameters())
+    x, y = make_data(4, seed=dist.get_rank())
+    F.mse_loss(model(x), y).backward()
+    try:
+        shards = [p._local_tensor for p in model.parameters()]
+        torch.nn.utils.clip_grad_value_(shards, MAX_NORM)  # clip: local-tensor-value
+    except guard.GuardError as error:
+        return {"raised": str(error), "location": error.location}
+    finally:
+        opt.zero_grad()
+    return {"raised": None, "location": None}

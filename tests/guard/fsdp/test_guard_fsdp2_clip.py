@@ -70,12 +70,27 @@ def test_clip_grad_norm_over_local_shards_clips_nothing_and_is_acl104(fsdp_pool)
         assert message.startswith(
             "torch.nn.utils.clip_grad_norm_ over the local shards of FSDP2's DTensor parameters "
             "or gradients (to_local(), _local_tensor): a plain shard has no .grad, so nothing is "
-            "measured or clipped on any rank (the norm is 0); pass the DTensor parameters "
+            "measured or clipped (the norm is 0) on any rank; pass the DTensor parameters "
             "themselves: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)"
         )
         assert rank["norms"] == [0.0] * STEPS
         assert rel_err(rank["params"], clipped) > 0.03  # the harm: no step was clipped
         assert rel_err(rank["params"], unclipped) <= 1e-6
+
+
+def test_clip_grad_value_over_local_tensors_is_acl104_before_torch_fails(fsdp_pool):
+    for rank in fsdp_pool.run(fsdp_clip_cases.value_clip_over_local_tensors):
+        assert rank["location"] == clip_line("local-tensor-value")
+        problem, help_line = rank["raised"].split("\n")  # the guard's error: problem, then help
+        assert problem.endswith(
+            ": ACL104 torch.nn.utils.clip_grad_value_ over the local shards of FSDP2's DTensor "
+            "parameters or gradients (to_local(), _local_tensor): a plain shard has no .grad, so "
+            "nothing is clipped on any rank"
+        )
+        assert help_line.startswith(
+            "help: pass the DTensor parameters themselves: "
+            "torch.nn.utils.clip_grad_value_(model.parameters(), clip_value)"
+        )
 
 
 def test_a_per_rank_norm_passed_to_clip_grads_with_norm_is_acl104(fsdp_pool):
