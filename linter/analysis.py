@@ -1,7 +1,7 @@
 """Entry point from the driver into the static analysis: parse, build the model, run rules.
 
 The interface (owned here, used by the runner/CLI):
-- `analyze_source(source, path, codes) -> list[Diagnostic]` (raises `ParseFailure`)
+- `analyze_source(source, path, codes, cache=None) -> list[Diagnostic]` (raises `ParseFailure`)
 - `describe_loops(source, path) -> dict` (the JSON form of `--show-loops`)
 """
 
@@ -10,8 +10,12 @@ from __future__ import annotations
 import gc
 from collections.abc import Collection
 from functools import cache
+from typing import TYPE_CHECKING
 
 from linter.types import Diagnostic
+
+if TYPE_CHECKING:
+    from linter.incremental import ParseCache
 
 
 class ParseFailure(Exception):
@@ -45,17 +49,28 @@ def load() -> None:
     gc.freeze()
 
 
-def parse(source: str):
-    """Parse with libcst; a syntax error becomes a `ParseFailure` with its position."""
+def parse(source: str, cache: ParseCache | None = None):
+    """Parse with libcst; a syntax error becomes a `ParseFailure` with its position.
+
+    With a cache (the language server's), only the top-level statements that changed since the
+    versions it saw are parsed again, cut where Python's `ast` says they start. Returns the
+    libcst module and that `ast` (positions reuse it; None without a cache, or when `ast`
+    rejects the text)."""
     import libcst as cst
 
+    from linter.incremental import ast_of, parse_with
+
+    tree = ast_of(source) if cache is not None else None
     try:
-        return cst.parse_module(source)
+        module = parse_with(cache, source, tree)
     except cst.ParserSyntaxError as error:
         raise ParseFailure(error.message, error.raw_line, error.raw_column) from None
+    return module, tree
 
 
-def analyze_source(source: str, path: str, codes: Collection[str]) -> list[Diagnostic]:
+def analyze_source(
+    source: str, path: str, codes: Collection[str], cache: ParseCache | None = None
+) -> list[Diagnostic]:
     """Run every selected rule that has a static check on one module's source text."""
     load()
     from linter.checks import check_for
@@ -66,10 +81,10 @@ def analyze_source(source: str, path: str, codes: Collection[str]) -> list[Diagn
     selected = [c for c in sorted(codes) if c in ALL_RULES and ALL_RULES[c].static]
     checks = [(c, check_for(module_name(c))) for c in selected]
     checks = [(c, check) for c, check in checks if check is not None]
-    module = parse(source)
+    module, tree = parse(source, cache)
     if not checks:
         return []
-    model = Model(module, source)
+    model = Model(module, source, tree)
     diagnostics: list[Diagnostic] = []
     for code, check in checks:
         ctx = RuleContext(model, source, path, code)
@@ -85,4 +100,5 @@ def describe_loops(source: str, path: str) -> dict:
     from linter.model import Model
     from linter.model.describe import describe
 
-    return describe(Model(parse(source), source), path)
+    module, tree = parse(source)
+    return describe(Model(module, source, tree), path)

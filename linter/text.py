@@ -17,6 +17,7 @@ from linter.types import Diagnostic
 
 if TYPE_CHECKING:
     from linter.config import Resolver
+    from linter.incremental import ParseCache
     from linter.notebooks import CellIndex
 
 FixChoice = Literal["none", "safe", "unsafe"]
@@ -34,11 +35,16 @@ class TextResult:
 
 
 def lint_text(
-    source: str, path: str | Path, resolver: Resolver, fix: FixChoice = "none"
+    source: str,
+    path: str | Path,
+    resolver: Resolver,
+    fix: FixChoice = "none",
+    cache: ParseCache | None = None,
 ) -> TextResult:
     """Lint `source` as the file at `path` would be linted (its config, its per-file-ignores).
 
-    A `.ipynb` path means `source` is the notebook's JSON; `fixed` is then the notebook's JSON."""
+    A `.ipynb` path means `source` is the notebook's JSON; `fixed` is then the notebook's JSON.
+    `cache` (an editor's successive versions) re-parses only the statements that changed."""
     from linter.runner import shown_path
 
     path = Path(path)
@@ -47,7 +53,7 @@ def lint_text(
         from linter.notebooks import lint_notebook_text
 
         return lint_notebook_text(source, shown_path(path), codes, fix)
-    return check_source(source, shown_path(path), codes, fix, newline_of(source))
+    return check_source(source, shown_path(path), codes, fix, newline_of(source), cache)
 
 
 def newline_of(text: str) -> str:
@@ -56,16 +62,23 @@ def newline_of(text: str) -> str:
     return match.group() if match else "\n"
 
 
-def analyse(text: str, shown: str, codes: Collection[str]) -> list[Diagnostic]:
+def analyse(
+    text: str, shown: str, codes: Collection[str], cache: ParseCache | None = None
+) -> list[Diagnostic]:
     """The findings of `codes` in `text` that no `# noqa` suppresses; raises ParseFailure."""
     from linter import analysis, noqa
 
-    found = analysis.analyze_source(text, shown, codes)
+    found = analysis.analyze_source(text, shown, codes, cache)
     return noqa.apply(text, [d for d in found if d.code in codes])
 
 
 def check_source(
-    text: str, shown: str, codes: Collection[str], fix: FixChoice = "none", newline: str = "\n"
+    text: str,
+    shown: str,
+    codes: Collection[str],
+    fix: FixChoice = "none",
+    newline: str = "\n",
+    cache: ParseCache | None = None,
 ) -> TextResult:
     """Analyse (and with `fix`, fix) one module's text; a syntax error becomes one ACL000.
 
@@ -73,7 +86,7 @@ def check_source(
     from linter.analysis import ParseFailure
 
     try:
-        diagnostics = analyse(text, shown, codes)
+        diagnostics = analyse(text, shown, codes, cache)
     except ParseFailure as failure:
         from linter.runner import syntax_error
 

@@ -12,6 +12,8 @@ Topic modules added for later rules keep their facts in `memo`.
 
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
 
 from linter.model.callgraph import CallGraph
@@ -30,12 +32,16 @@ from linter.model.sites import SiteFinder
 
 
 class Model:
-    def __init__(self, module: cst.Module, source: str | None = None) -> None:
+    def __init__(
+        self, module: cst.Module, source: str | None = None, tree: ast.Module | None = None
+    ) -> None:
         self.module = module
-        self.positions = Positions(module, source)
+        self.source = source  # the module's text (None when built from a tree alone)
+        self.positions = Positions(module, source, tree)  # tree: `ast` of source, when parsed
         collector = ScopeCollector(module)
         self.scopes: list[Scope] = collector.scopes
         self.function_defs = collector.function_defs
+        self.class_names = collector.class_names
         self.imports = Imports()
         for node in collector.imports:
             self.imports.add(node)
@@ -57,6 +63,10 @@ class Model:
         for loop in self.loops:
             self.gates.assign(loop)
         self._calls_by_with: dict[int, list[CallSite]] | None = None
+
+    def lines(self) -> list[str]:
+        """The source split at "\\n", shared by every rule's context (one split per module)."""
+        return self.memo("lines", lambda m: m.source.split("\n"))
 
     def memo(self, key: str, build):
         """A fact built once per module on first use: `model.memo("precision", build)` where

@@ -14,7 +14,7 @@ import ast
 import libcst as cst
 from libcst.metadata import CodePosition, CodeRange, MetadataWrapper, PositionProvider
 
-from linter.model.cst_util import children
+from linter.model.cst_util import child_list
 
 _PASS_BLOCK = cst.IndentedBlock(body=[cst.SimpleStatementLine(body=[cst.Pass()])])
 
@@ -28,9 +28,12 @@ class _Headless(Exception):
 
 
 class Positions:
-    def __init__(self, module: cst.Module, source: str | None = None) -> None:
+    def __init__(
+        self, module: cst.Module, source: str | None = None, tree: ast.Module | None = None
+    ) -> None:
         self._module = module
         self._source = source
+        self._tree = tree if source is not None else None  # `ast` of source, already parsed
         self._starts: dict[int, tuple[int, int]] | None = None  # id(stmt) -> (line, column)
         self._owner: dict[int, cst.CSTNode] = {}
         self._ranges: dict[int, CodeRange] = {}
@@ -104,7 +107,7 @@ class Positions:
     def _index(self) -> None:
         source = self._source if self._source is not None else self._module.code
         self._lines = source.split("\n")
-        tree = ast.parse(source)
+        tree = self._tree if self._tree is not None else ast.parse(source)
         self._starts = {}
         self._match(self._module.body, tree.body)
 
@@ -128,13 +131,20 @@ class Positions:
         return len(text[: node.col_offset].decode("utf-8"))
 
     def _own(self, statement: cst.CSTNode) -> None:
-        """Record `statement` as the owner of every node in it that is not in a nested body."""
-        stack = [c for c in children(statement) if not _is_body(statement, c)]
+        """Record `statement` as the owner of every node in it that is not in a nested body.
+
+        This visits every expression node of the module once, so it tests types through
+        per-type tables (`isinstance` on libcst's abstract classes is the slow part)."""
+        owner = self._owner
+        stack = [c for c in child_list(statement) if not _is(c, _BODY_PARTS, _BODY_PART_TYPES)]
         while stack:
             current = stack.pop()
-            self._owner[id(current)] = statement
-            if not isinstance(current, (cst.BaseSuite, cst.BaseStatement)):
-                stack.extend(children(current))
+            owner[id(current)] = statement
+            is_block = _BLOCK_TYPES.get(type(current))
+            if is_block is None:
+                is_block = _is(current, _BLOCKS, _BLOCK_TYPES)
+            if not is_block:
+                stack.extend(child_list(current))
 
     def _children(self, statement: cst.CSTNode, node: ast.stmt) -> None:
         if isinstance(statement, cst.If):
@@ -167,10 +177,27 @@ def _body(suite: cst.BaseSuite) -> list:
     return list(suite.body) if isinstance(suite, cst.IndentedBlock) else [suite]
 
 
-def _is_body(statement: cst.CSTNode, child: cst.CSTNode) -> bool:
-    return isinstance(child, (cst.BaseSuite, cst.Else, cst.Finally, cst.If)) or (
-        isinstance(child, (cst.ExceptHandler, cst.ExceptStarHandler, cst.MatchCase))
-    )
+# A statement's parts that hold nested statements (owned by those), and where owning stops.
+_BODY_PARTS = (
+    cst.BaseSuite,
+    cst.Else,
+    cst.Finally,
+    cst.If,
+    cst.ExceptHandler,
+    cst.ExceptStarHandler,
+    cst.MatchCase,
+)
+_BLOCKS = (cst.BaseSuite, cst.BaseStatement)
+_BODY_PART_TYPES: dict[type, bool] = {}
+_BLOCK_TYPES: dict[type, bool] = {}
+
+
+def _is(node: cst.CSTNode, kinds: tuple[type, ...], table: dict[type, bool]) -> bool:
+    """`isinstance(node, kinds)`, remembered per node type in `table`."""
+    known = table.get(type(node))
+    if known is None:
+        known = table[type(node)] = isinstance(node, kinds)
+    return known
 
 
 def _alone(statement: cst.CSTNode, indent: str) -> tuple[cst.Module, cst.CSTNode]:

@@ -39,6 +39,14 @@ class Linter:
     def __init__(self, root: Path):
         self.root = root
         self._resolver = None
+        self._parses = None  # the libcst statements of the versions linted so far
+
+    def parse_cache(self):
+        if self._parses is None:
+            from linter.incremental import ParseCache
+
+            self._parses = ParseCache()
+        return self._parses
 
     def config_changed(self) -> None:
         self._resolver = None
@@ -55,7 +63,7 @@ class Linter:
         from linter.text import lint_text
 
         resolver = self.resolver()
-        result = lint_text(snapshot.text, snapshot.path, resolver)
+        result = lint_text(snapshot.text, snapshot.path, resolver, cache=self.parse_cache())
         unsafe = resolver.for_path(snapshot.path).unsafe_fixes
         return Linted(snapshot, result.diagnostics, unsafe)
 

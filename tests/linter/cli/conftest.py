@@ -49,7 +49,7 @@ def fake_rules(monkeypatch):
     """Replace the analysis with the fake; returns a list that records every analysed path."""
     calls: list[str] = []
 
-    def recording(source, path, codes):
+    def recording(source, path, codes, cache=None):
         calls.append(path)
         return fake_analyze(source, path, codes)
 

@@ -173,7 +173,7 @@ def test_undecodable_and_missing_files_are_diagnostics(project, fake_rules, invo
 def test_internal_error_names_the_file_and_exits_two(project, monkeypatch, invoke):
     from linter import analysis
 
-    def explode(source, path, codes):
+    def explode(source, path, codes, cache=None):
         if "explode" in source:
             raise RuntimeError("rule bug")
         return []
@@ -294,7 +294,7 @@ def test_a_fix_that_breaks_the_file_is_never_written(project, monkeypatch, invok
         fix = Fix("safe", "break it", (Edit(at, end, "def ("),))
         return [Diagnostic("ACL101", "m", path, at, end, fix)]
 
-    def analyze(source, path, codes):
+    def analyze(source, path, codes, cache=None):
         try:
             return breaking(source, path, codes)
         except SyntaxError as exc:
@@ -313,7 +313,7 @@ def test_codes_the_analysis_was_not_asked_for_are_dropped(project, monkeypatch, 
     from linter import analysis
     from linter.types import Diagnostic, Position
 
-    def chatty(source, path, codes):
+    def chatty(source, path, codes, cache=None):
         at = Position(1, 0)
         return [Diagnostic(code, "m", path, at, at) for code in ("ACL101", "ACL303")]
 
