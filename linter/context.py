@@ -18,7 +18,7 @@ class RuleContext:
         self.source = source
         self.path = path
         self.code = code
-        self.lines = source.split("\n")
+        self.lines = model.lines() if source is model.source else source.split("\n")
         self.diagnostics: list[Diagnostic] = []
 
     # reporting ----------------------------------------------------------------------

@@ -90,7 +90,7 @@ def _find_contexts(model) -> list[EvalContext]:
                 stmts = [s for s in scope.stmts if any(f.node is loop for f in s.frames)]
                 contexts.append(EvalContext("loop", loop, scope, stmts))
         for stmt in scope.stmts:
-            if _has_eval_comprehension(stmt.node):
+            if _has_eval_comprehension(stmt):
                 contexts.append(EvalContext("comprehension", stmt.node, scope, [stmt]))
     frozen = frozen_models(model)
     for context in contexts:
@@ -112,7 +112,7 @@ def _find_contexts(model) -> list[EvalContext]:
 def _over_data(stmt: Stmt) -> bool:
     """A model call repeated over data: in a loop or a comprehension of its function. A
     `test()` that builds a model and runs one random batch through it is a smoke test."""
-    return bool(stmt.loops()) or any(isinstance(n, cst.CompFor) for n in walk(stmt.node))
+    return bool(stmt.loops()) or bool(stmt.comprehensions)
 
 
 def _called_per_batch(model, scope: Scope) -> bool:
@@ -142,8 +142,8 @@ def is_eval_name(name: str) -> bool:
     return any(part in _EVAL_WORDS for part in lowered.split("_"))
 
 
-def _has_eval_comprehension(node: cst.CSTNode) -> bool:
-    return any(isinstance(n, cst.CompFor) and is_eval_iterable(n.iter) for n in walk(node))
+def _has_eval_comprehension(stmt: Stmt) -> bool:
+    return any(is_eval_iterable(clause.iter) for clause in stmt.comprehensions)
 
 
 def model_names(model) -> set[str]:
@@ -175,19 +175,12 @@ def is_model_call(model, call: CallSite) -> bool:
     text = call.func
     if text is None or text.startswith("cls.") or model.imports.is_imported(call.call.func):
         return False  # `cls.extract_from_model(...)` is a class method
-    if model.defines_function(call.call.func) or text in _class_names(model):
+    if model.defines_function(call.call.func) or text in model.class_names:
         return False
     name = last_part(unwrapped(text))
     if name in ("eval", "train") or _FACTORY.match(name):
         return False
     return name in model_names(model) or bool(_MODEL_NAME.match(name))
-
-
-def _class_names(model) -> set[str]:
-    def build(m) -> set[str]:
-        return {n.name.value for n in walk(m.module, True) if isinstance(n, cst.ClassDef)}
-
-    return model.memo("evaluation.class_names", build)
 
 
 def _needs_gradients(model, context: EvalContext) -> bool:

@@ -41,6 +41,8 @@ class Stmt:
     frames: tuple[Frame, ...]
     order: int
     scope: Scope
+    # the `for` clauses of comprehensions in it, found by the collector's one walk
+    comprehensions: list[cst.CompFor] = field(default_factory=list)
 
     def loops(self) -> list[cst.CSTNode]:
         return [f.node for f in self.frames if f.kind == "loop"]
@@ -126,6 +128,7 @@ class ScopeCollector:
         self.scopes: list[Scope] = []
         self.imports: list[cst.Import | cst.ImportFrom] = []
         self.function_defs: dict[str, list[Scope]] = {}
+        self.class_names: set[str] = set()  # every class the module defines, at any depth
         self._order = 0
         top = Scope(node=module, name="<module>", class_name=None)
         self.scopes.append(top)
@@ -186,6 +189,7 @@ class ScopeCollector:
                 self._suite(case.body, scope, frames)
 
     def _suite_of_class(self, node: cst.ClassDef, scope: Scope) -> None:
+        self.class_names.add(node.name.value)
         body = node.body.body if isinstance(node.body, cst.IndentedBlock) else []
         for item in body:
             if isinstance(item, cst.FunctionDef):
@@ -237,6 +241,8 @@ class ScopeCollector:
                 scope.calls.append(
                     CallSite(sub, stmt, receiver, pair[1] if pair else None, dotted(sub.func))
                 )
+            elif type(sub) is cst.CompFor:
+                stmt.comprehensions.append(sub)
 
     def _header_reads(self, expr: cst.CSTNode, scope: Scope) -> None:
         for sub in walk(expr):

@@ -79,8 +79,16 @@ _MASKING_KEYWORDS = {"ignore_index", "label_pad_token_id", "ignore_pad_token_for
 _MASKING_NAMES = re.compile(r"^(DataCollatorFor\w+|DataCollatorWithPadding|pad_sequence)$")
 
 
+# What any of the masking spellings below needs in the text: a file without it is not walked.
+_MASKING_TEXT = re.compile(
+    r"ignore_index|label_pad_token_id|ignore_pad_token_for_loss|padding|100|DataCollator|pad_seq"
+)
+
+
 def _labels_may_be_masked(model: Model) -> bool:
     """Whether the module masks or pads labels anywhere (evidence that valid-token counts vary)."""
+    if model.source is not None and not _MASKING_TEXT.search(model.source):
+        return False
     for scope in model.scopes:
         for stmt in scope.stmts:
             for node in walk(stmt.node):
