@@ -1,16 +1,18 @@
 """Language-server latency: from a didChange to the diagnostics published for that version.
 
 Starts `python -m linter.server` as an editor would (LSP over stdio, pygls's client), opens
-`fixtures/lsp/train_500.py` (a 540-line training script with four findings), then types: each
-round sends one incremental change (an edit of a default value, `log_every: int = 5` becoming
-6, 7, 8, ...: every version is a text the server has never seen) and waits for the
-publishDiagnostics that carries the new version. The first rounds warm the server up and are
-not counted.
+`fixtures/lsp/train_500.py` (a 540-line training script with four findings), then types at two
+places: a default of the config dataclass (`log_every: int = 5`, a small top-level statement)
+and a value inside the training function (`micro_step = 0`, in the largest one, which the
+server's incremental parse must parse again). Each round sends one incremental change (the
+value becomes 10, 11, 12, ...: every version is a text the server has never seen) and waits for
+the publishDiagnostics that carries the new version. The first rounds warm the server up and
+are not counted.
 
-Also prints the server's CPU time per answer (from /proc: a figure the load hardly moves),
-the analysis alone (`lint_text` in this process) on the same text, so the server's
-own share (JSON-RPC, conversion, scheduling) is the difference, and the load average: on a
-machine shared with other jobs both figures grow with the load, not with the server.
+Also prints the server's CPU time per answer (from /proc: a figure the load hardly moves), the
+analysis alone (`lint_text` in this process, with the server's parse cache and on each text
+whole), so the server's own share (JSON-RPC, conversion, scheduling) is the difference, and
+the load average: on a machine shared with other jobs every figure grows with the load.
 
     python bench/lsp_latency.py [--rounds 40] [--warmup 5]
 """

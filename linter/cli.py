@@ -72,8 +72,8 @@ def _list_rules() -> None:
 
 
 def _show_loops(path: Path, output_format: OutputFormat) -> int:
-    from linter import output
     from linter.analysis import ParseFailure
+    from linter.notebooks.reader import NotebookError
     from linter.show_loops import as_json, as_tree, describe
     from linter.source import SourceError
 
@@ -81,19 +81,33 @@ def _show_loops(path: Path, output_format: OutputFormat) -> int:
         description = describe(str(path))
     except SourceError as exc:
         raise _fail(f"{path}: {exc}") from None
+    except NotebookError as exc:
+        raise _fail(f"{path}: cannot read notebook: {exc}") from None
     except ParseFailure as failure:
-        from linter.output.concise import line
-        from linter.runner import syntax_error
-        from linter.source import decode, read_bytes
-
-        text = decode(read_bytes(str(path))).text
-        typer.echo(line(syntax_error(text, str(path), failure), output.Context()))
+        typer.echo(_syntax_error_line(path, failure))
         return 1
     if output_format == OutputFormat.json:
         sys.stdout.write(as_json(description))
     else:
         _print_rich(as_tree(description, str(path)))
     return 0
+
+
+def _syntax_error_line(path: Path, failure) -> str:
+    """The ACL000 line for a file `--show-loops` could not parse (in a notebook, by cell)."""
+    from linter import output
+    from linter.output.concise import line
+    from linter.runner import syntax_error
+    from linter.source import decode, read_bytes
+
+    text, shown = decode(read_bytes(str(path))).text, str(path)
+    if not shown.endswith(".ipynb"):
+        return line(syntax_error(text, shown, failure), output.Context())
+    from linter.notebooks import program_of
+
+    program = program_of(text)
+    context = output.Context(notebooks={shown: program.index})
+    return line(syntax_error(program.text, shown, failure), context)
 
 
 @app.command()

@@ -16,6 +16,11 @@ whole-file parse node for node (`deep_equals`; tested over real files and random
 
 Chunk texts are cached (a bounded LRU); a chunk whose nodes already sit elsewhere in the tree
 being assembled is parsed afresh, because the model keys its facts by node identity.
+
+The whole-file screen (`linter.screen`: CPython's nesting limits, and the depth libcst must not
+be given) costs ~20 ms on 500 lines, as much as the rest of an answer, so here it is applied
+from the same `ast` to the chunks not seen before: a module is as deep as its deepest
+top-level statement.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from linter.model.cst_util import walk
+from linter.screen import GIVES_UP, Unanalysable, parser_limit, too_deep
 
 # Lines as Python's tokenizer counts them (str.splitlines also splits at form feeds and others).
 _LINES = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
@@ -51,11 +57,16 @@ class ParseCache:
 
         Raises libcst's ParserSyntaxError like `cst.parse_module` for text libcst rejects."""
         lines = _LINES.findall(source)
-        starts = _statement_starts(tree)
-        if not starts:
+        groups = _statement_groups(tree)
+        if not groups:
             return cst.parse_module(source)
+        starts = [start for start, _ in groups]
+        texts = _chunk_texts(lines, starts)
+        for text, (_, nodes) in zip(texts, groups, strict=True):
+            if text not in self._chunks:  # all before any parse: a fallback parses them all
+                _screen(nodes)
         used: set[int] = set()
-        chunks = [self._chunk(text, used) for text in _chunk_texts(lines, starts)]
+        chunks = [self._chunk(text, used) for text in texts]
         return _assemble(chunks, source)
 
     def _chunk(self, text: str, used: set[int]) -> _Chunk:
@@ -76,18 +87,27 @@ class ParseCache:
             self._chunks.popitem(last=False)
 
 
-def _statement_starts(tree: ast.Module) -> list[int]:
-    """0-based first lines of the top-level statements, one per source line that starts one
-    (`a = 1; b = 2` is one libcst statement line)."""
-    starts: list[int] = []
+def _statement_groups(tree: ast.Module) -> list[tuple[int, list[ast.stmt]]]:
+    """The top-level statements by the source line that starts them (0-based; `a = 1; b = 2` is
+    one libcst statement line), decorators included."""
+    groups: list[tuple[int, list[ast.stmt]]] = []
     last_end = 0
     for node in tree.body:
         decorators = getattr(node, "decorator_list", ())
         first = min([node.lineno] + [d.lineno for d in decorators])
-        if first > last_end or not starts:
-            starts.append(first - 1)
+        if first > last_end or not groups:
+            groups.append((first - 1, []))
+        groups[-1][1].append(node)
         last_end = max(last_end, node.end_lineno or node.lineno)
-    return starts
+    return groups
+
+
+def _screen(nodes: list[ast.stmt]) -> None:
+    """The whole-file screen's depth limit, applied to the statements about to be parsed: the
+    module's depth is its deepest top-level statement's (see `linter.screen`)."""
+    problem = too_deep(ast.Module(body=nodes, type_ignores=[]))
+    if problem is not None:
+        raise Unanalysable(*problem)
 
 
 def _chunk_texts(lines: list[str], starts: list[int]) -> list[str]:
@@ -148,11 +168,20 @@ def _assemble(chunks: list[_Chunk], source: str) -> cst.Module:
 
 
 def ast_of(source: str) -> ast.Module | None:
-    """Python's `ast` of the text, None for text it rejects (libcst then reports the error)."""
+    """Python's `ast` of the text, None for text it rejects (libcst then words the error).
+
+    Raises `Unanalysable` where CPython gives up for nesting: libcst must not see that text."""
     try:
         return ast.parse(source)
-    except (SyntaxError, ValueError):
+    except SyntaxError as error:
+        problem = parser_limit(error)
+        if problem is not None:
+            raise Unanalysable(*problem) from None
         return None
+    except ValueError:
+        return None
+    except (RecursionError, MemoryError):
+        raise Unanalysable(GIVES_UP) from None
 
 
 def parse_with(cache: ParseCache | None, source: str, tree: ast.Module | None) -> cst.Module:

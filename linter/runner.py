@@ -156,7 +156,7 @@ def _plan(
     try:
         data = read_bytes(absolute)
     except SourceError as exc:
-        return FileResult(shown, [_file_error(shown, str(exc))], cacheable=False)
+        return FileResult(shown, [file_error(shown, str(exc))], cacheable=False)
     # The prefilter is for directory walks: a file the user names is always analysed (an
     # evaluation script with no backward can still hold ACL502, ACL403 ...).
     if not codes or (not named and not PREFILTER.search(data)):
@@ -222,12 +222,12 @@ def lint_job(job: Job) -> FileResult:
     try:
         source = decode(job.data)
     except SourceError as exc:
-        return FileResult(job.shown, [_file_error(job.shown, str(exc), exc.line)])
+        return FileResult(job.shown, [file_error(job.shown, str(exc), exc.line)])
 
     def lint(job: Job) -> FileResult:
         problem = unanalysable(source.text, len(job.data), job.shown)
         if problem is not None:  # libcst would take minutes on it, or overflow its stack
-            return FileResult(job.shown, [_file_error(job.shown, *problem)])
+            return FileResult(job.shown, [file_error(job.shown, *problem)])
         fix = "none" if job.mode == "none" else "unsafe" if job.unsafe else "safe"
         checked = check_source(source.text, job.shown, job.codes, fix, source.newline)
         result = FileResult(job.shown, checked.diagnostics, checked.fixes_applied)
@@ -252,7 +252,7 @@ def _guarded(job: Job, lint) -> FileResult:
         return lint(job)
     except RecursionError:  # nesting under the screen's limit that a visitor still cannot walk
         problem = "too deeply nested to analyse: the analysis ran out of recursion depth"
-        return FileResult(job.shown, [_file_error(job.shown, problem)], cacheable=False)
+        return FileResult(job.shown, [file_error(job.shown, problem)], cacheable=False)
     except Exception as exc:  # a bug in a rule or the fixer must not stop the other files
         import traceback
 
@@ -300,7 +300,7 @@ def _cpython_syntax_error(source: str | bytes, shown: str) -> Diagnostic | None:
     return None
 
 
-def _file_error(shown: str, message: str, line: int = 1) -> Diagnostic:
+def file_error(shown: str, message: str, line: int = 1) -> Diagnostic:
     at = Position(line, 0)
     return Diagnostic(PARSE_ERROR, message, shown, at, at)
 

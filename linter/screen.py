@@ -45,19 +45,41 @@ def _mib(size: int) -> str:
     return f"{size / (1024 * 1024):.1f} MiB"
 
 
+class Unanalysable(Exception):
+    """A module the analysis must not be given (too large, too deep): one ACL000 at `line`."""
+
+    def __init__(self, message: str, line: int = 1):
+        super().__init__(message)
+        self.message = message
+        self.line = line
+
+
 def nesting_problem(text: str, shown: str) -> tuple[str, int] | None:
     """Why `text` is too deeply nested to analyse and where, or None when it is fine (or when
     CPython rejects it for another reason)."""
     try:
         tree = compile(text, shown, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
     except SyntaxError as error:
-        if error.msg.startswith(_CPYTHON_LIMITS):
-            return f"too deeply nested to analyse: {error.msg}", error.lineno or 1
-        return None  # libcst decides (newer syntax), and words a real syntax error
+        return parser_limit(error)  # else libcst decides (newer syntax), and words the error
     except ValueError:
         return None  # e.g. a null byte: libcst reports it
     except (RecursionError, MemoryError):
-        return "too deeply nested to analyse: Python's own parser gives up on it", 1
+        return GIVES_UP, 1
+    return too_deep(tree)
+
+
+GIVES_UP = "too deeply nested to analyse: Python's own parser gives up on it"
+
+
+def parser_limit(error: SyntaxError) -> tuple[str, int] | None:
+    """The problem when CPython refused the text for its own nesting limits, else None."""
+    if error.msg.startswith(_CPYTHON_LIMITS):
+        return f"too deeply nested to analyse: {error.msg}", error.lineno or 1
+    return None
+
+
+def too_deep(tree: ast.AST) -> tuple[str, int] | None:
+    """The problem when the (module or part of a module) tree nests beyond `MAX_NESTING`."""
     depth, line = nesting_depth(tree)
     if depth > MAX_NESTING:
         return f"too deeply nested to analyse: {depth} levels (the limit is {MAX_NESTING})", line

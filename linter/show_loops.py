@@ -10,11 +10,36 @@ import json
 
 
 def describe(path: str) -> dict:
-    """Raises SourceError for an unreadable file and ParseFailure for invalid Python."""
+    """Raises SourceError for an unreadable file, NotebookError for an unreadable notebook and
+    ParseFailure for invalid Python (in a notebook, at a position of its program)."""
     from linter.analysis import describe_loops
     from linter.source import decode, read_bytes
 
-    return describe_loops(decode(read_bytes(path)).text, path)
+    text = decode(read_bytes(path)).text
+    if not path.endswith(".ipynb"):
+        return describe_loops(text, path)
+    from linter.notebooks import program_of
+
+    program = program_of(text)  # the code cells as one program, as the rules see them
+    return in_cells(describe_loops(program.text, path), program.index)
+
+
+def in_cells(value, index):
+    """The description with each program `line` given as the `cell` and the line in it."""
+    from linter.types import Position
+
+    if isinstance(value, list):
+        return [in_cells(item, index) for item in value]
+    if not isinstance(value, dict):
+        return value
+    placed = {}
+    for key, item in value.items():
+        if key == "line" and isinstance(item, int):
+            cell, position = index.locate(Position(item, 0))
+            if cell is not None:
+                placed["cell"], item = cell, position.line
+        placed[key] = in_cells(item, index)
+    return placed
 
 
 def as_json(description: dict) -> str:
@@ -51,7 +76,9 @@ def _label(item, index: int) -> str:
     if not isinstance(item, dict):
         return f"[dim]{index}[/dim]"
     words = [str(item[k]) for k in ("kind", "name") if isinstance(item.get(k), (str, int))]
-    if "line" in item:
+    if "cell" in item:
+        words.append(f"(cell {item['cell']}, line {item['line']})")
+    elif "line" in item:
         words.append(f"(line {item['line']})")
     return f"[bold]{_escape(' '.join(words))}[/bold]" if words else f"[dim]{index}[/dim]"
 

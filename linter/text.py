@@ -53,7 +53,30 @@ def lint_text(
         from linter.notebooks import lint_notebook_text
 
         return lint_notebook_text(source, shown_path(path), codes, fix)
-    return check_source(source, shown_path(path), codes, fix, newline_of(source), cache)
+    shown = shown_path(path)
+    problem = _screened(source, shown, cache)
+    if problem is not None:
+        return _unanalysable(source, shown, fix, *problem)
+    return check_source(source, shown, codes, fix, newline_of(source), cache)
+
+
+def _screened(source: str, shown: str, cache: ParseCache | None) -> tuple[str, int] | None:
+    """What the runner's screen says of a file (too large, too deep), before libcst sees it.
+
+    With a cache the depth is judged there, chunk by chunk (the whole screen costs as much as
+    the rest of an editor's answer)."""
+    from linter import screen
+
+    size = len(source.encode("utf-8", "surrogatepass"))
+    if size > screen.MAX_BYTES or cache is None:
+        return screen.unanalysable(source, size, shown)
+    return None
+
+
+def _unanalysable(text: str, shown: str, fix: FixChoice, message: str, line: int = 1):
+    from linter.runner import file_error
+
+    return TextResult([file_error(shown, message, line)], text if fix != "none" else None)
 
 
 def newline_of(text: str) -> str:
@@ -84,9 +107,12 @@ def check_source(
 
     Other exceptions (a bug in a rule) propagate: the caller decides how to report them."""
     from linter.analysis import ParseFailure
+    from linter.screen import Unanalysable
 
     try:
         diagnostics = analyse(text, shown, codes, cache)
+    except Unanalysable as problem:  # found by the parse cache's screen
+        return _unanalysable(text, shown, fix, problem.message, problem.line)
     except ParseFailure as failure:
         from linter.runner import syntax_error
 

@@ -170,3 +170,24 @@ def test_the_server_path_finds_what_the_cli_finds_on_every_version():
         incremental = lint_text(version, script, resolver, cache=cache).diagnostics
         assert incremental == lint_text(version, script, resolver).diagnostics
     assert {d.code for d in lint_text(versions[0], script, resolver).diagnostics}
+
+
+def test_a_chunk_too_deep_for_libcst_is_screened_before_it_is_parsed(monkeypatch):
+    """The whole-file screen's verdict, from the chunks an edit changed: the server must not
+    hand libcst a sum of 600 terms (it would take seconds, or overflow its stack)."""
+    from linter.config import Overrides, Resolver
+    from linter.text import lint_text
+
+    resolver = Resolver(Overrides(), cwd=REPO)
+    cache = ParseCache()
+    first = "import torch\n\nloss.backward()\n"
+    assert lint_text(first, "t.py", resolver, cache=cache).diagnostics == []
+    deep = first + "y = " + " + ".join(["a"] * 600) + "\n"
+    whole = lint_text(deep, "t.py", resolver).diagnostics
+    parsed = []
+    monkeypatch.setattr(cst, "parse_module", lambda text: parsed.append(text))
+    (found,) = lint_text(deep, "t.py", resolver, cache=cache).diagnostics
+    assert parsed == []  # neither the chunk nor the whole file reached libcst
+    assert found == whole[0]
+    assert (found.code, found.start.line) == ("ACL000", 4)
+    assert found.message == "too deeply nested to analyse: 603 levels (the limit is 400)"

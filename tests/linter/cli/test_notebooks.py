@@ -241,3 +241,28 @@ def test_a_compact_notebook_with_string_sources_keeps_its_layout(project, fake_r
     assert (project / "c.ipynb").read_text() == text.replace(
         old, '"accelerator.backward(loss)  # \\u00e9"'
     )
+
+
+def test_show_loops_places_the_loop_and_its_parts_in_their_cells(notebook, invoke):
+    """`--show-loops` sees the notebook as the rules do: the loop of cell 5 with the optimizer
+    of cell 3, and every line given as the cell and the line in it."""
+    result = invoke("--show-loops", "train.ipynb", "--output-format", "json")
+    assert result.exit_code == 0, result.output
+    (loop,) = json.loads(result.stdout)["loops"]
+    assert (loop["cell"], loop["line"], loop["kind"]) == (5, 4, "for")
+    assert loop["optimizers"] == ["optimizer"]
+    (backward,) = loop["backwards"]
+    assert (backward["cell"], backward["line"]) == (5, 5)  # the row of the ACL301 finding
+    tree = invoke("--show-loops", "train.ipynb")
+    assert "for (cell 5, line 4)" in tree.stdout
+
+
+def test_show_loops_on_a_notebook_with_a_syntax_error_names_its_cell(project, invoke):
+    (project / "typo.ipynb").write_text(_notebook("import torch\n", "x = 1\nfor i in range(3)\n"))
+    result = invoke("--show-loops", "typo.ipynb")
+    assert result.exit_code == 1
+    assert result.stdout == "typo.ipynb:cell 2:2:18: ACL000 SyntaxError: expected ':'\n"
+    (project / "broken.ipynb").write_text('{"metadata": {}}')
+    broken = invoke("--show-loops", "broken.ipynb")
+    assert broken.exit_code == 2
+    assert "broken.ipynb: cannot read notebook: not a Jupyter notebook" in broken.output
