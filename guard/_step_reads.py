@@ -83,8 +83,11 @@ class StepReads:
 def _read_together(parts: list) -> list[list[float]]:
     """The elements of each tensor, from one `.tolist()` of their concatenation (float64 keeps
     token counts and inf/NaN exact). The usual step (a norm and 0-dim losses of one dtype and
-    device) takes one `stack` instead. DTensors (FSDP2's clip norm) are read whole."""
+    device) takes one `stack` instead, a lone scalar one `.item()`. DTensors (FSDP2's clip norm)
+    are read whole."""
     parts = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in parts]
+    if len(parts) == 1 and parts[0].dim() == 0:  # the usual unsampled step: the clip norm
+        return [[parts[0].item()]]
     if all(p.dim() == 0 and p.dtype == parts[0].dtype for p in parts):
         try:
             return [[v] for v in torch.stack(parts).tolist()]

@@ -68,6 +68,7 @@ FACTS = {
     "accumulate": "Accelerator.accumulate() was entered (guard._accelerate)",
     "ddp": "a DistributedDataParallel wrapper was built or ran a forward (checks._sources)",
     "eval": "a module with children was switched to eval mode (ACL502's own subscriber)",
+    "sharded": "FSDP reduce-scattered gradients in a backward (ACL401/405's FSDP wrappers)",
 }
 
 

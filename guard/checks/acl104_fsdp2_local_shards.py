@@ -14,8 +14,10 @@ A local shard is a plain tensor sharing its storage with the local tensor of a D
 (or gradient) of an optimizer the tracker watches. A norm is judged where it is used to clip: one
 that `torch.distributed.all_reduce` or `broadcast` changed in place since (a max norm made global
 by hand), or a new value built from the local norms with a collective, passes. Only with more
-than one process (one rank's shard is the whole tensor); the test costs nothing unless a clip
-receives plain tensors that are not trainable parameters, and a collective one dict test.
+than one process (one rank's shard is the whole tensor). A clip is looked at only once FSDP has
+reduce-scattered gradients (the tracker's `sharded` fact), so other loops pay nothing; then the
+storage test runs only for plain tensors that are not trainable parameters, and a collective
+costs one dict test.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def install(tracker) -> None:
         if via != "fsdp" and _local_shards(tracker, parameters):
             _report_clips_nothing(f"torch.nn.utils.clip_grad_{kind}_")
 
-    tracker.subscribe("clip", before_clip)
+    tracker.subscribe("clip", before_clip, when="sharded")  # a loop that never sharded pays nothing
     utils = torch.nn.utils
     get_total_norm = getattr(utils, "get_total_norm", None)
     clip_with_norm = getattr(utils, "clip_grads_with_norm_", None)
@@ -118,8 +120,10 @@ def _judging(original: Callable, tracker, norms: _LocalNorms) -> Callable:
 def _local_shards(tracker, tensors: list) -> bool:
     """Whether some of `tensors` are local shards of DTensors the tracker's optimizers train
     (only with more than one process)."""
+    if distributed.world_size() <= 1:  # first: every clip of every loop comes here
+        return False
     plain = [t for t in tensors if _maybe_shard(t)]
-    if not plain or distributed.world_size() <= 1:
+    if not plain:
         return False
     storages = _shard_storages(tracker)
     return any(t.untyped_storage().data_ptr() in storages for t in plain)

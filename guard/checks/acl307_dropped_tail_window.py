@@ -68,8 +68,10 @@ def install(tracker) -> None:
 
     def before_step(state, **_) -> None:
         tail = tails.pop(state, None)
+        if tail is None:  # every step but the first after a pass that left a tail
+            return
         usual = _usual_window(state)
-        if tail is not None and (usual is None or state.backwards > usual):
+        if usual is None or state.backwards > usual:
             _report_tail(tail, usual, "leaks into this step's window")
 
     def before_zero_grad(states, **_) -> None:

@@ -54,6 +54,7 @@ def install(tracker) -> None:
 
     def start_counting() -> None:
         marks.counting = True
+        tracker.establish("sharded")
         tracker.subscribe("backward", backward)
         tracker.subscribe("optimizer_step_pre", before_step)
 
