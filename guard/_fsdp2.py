@@ -384,18 +384,48 @@ def save_state(engine: Engine, directory: str | Path) -> None:
     import torch.distributed.checkpoint as dcp
 
     dcp.save({**_state(engine), "world": _world(engine)}, checkpoint_id=str(directory))
+    _save_rank_state(engine, Path(directory))
 
 
-def _refuse_another_world_mid_epoch(directory: str | Path) -> None:
+def _save_rank_state(engine: Engine, directory: Path) -> None:
+    """What differs by rank and is no tensor DCP could shard: the random generators (dropout,
+    Python, numpy, CUDA) and the generator states each loader's current pass drew its order
+    from, in `save_state`'s own files (`random_states_<rank>.pkl`, `guard_engine_<rank>.pt`)."""
+    from guard._engine_state import _random_states
+
+    rank = engine.process_index
+    torch.save(_random_states(engine.step), directory / f"random_states_{rank}.pkl")
+    loaders = [loader.pass_rng for loader in engine._dataloaders]
+    torch.save({"loader_rng": loaders}, directory / f"guard_engine_{rank}.pt")
+
+
+def _load_rank_state(engine: Engine, directory: Path, same_world: bool) -> None:
+    """This rank's generators and loader pass states, when the checkpoint's world is this one
+    (on another one the ranks differ, and a checkpoint taken at an epoch boundary needs none)."""
+    from guard._engine_state import _restore_random_states
+
+    rank = engine.process_index
+    states = directory / f"random_states_{rank}.pkl"
+    loaders = directory / f"guard_engine_{rank}.pt"
+    if not same_world or not loaders.is_file():
+        return  # written by another world size, or before these files were written
+    _restore_random_states(states)
+    saved = torch.load(loaders, map_location="cpu", weights_only=True)
+    for loader, rng in zip(engine._dataloaders, saved["loader_rng"], strict=False):
+        loader.resume_rng = rng
+
+
+def _refuse_another_world_mid_epoch(directory: str | Path) -> bool:
     """Loading on another world size is exact for the model and optimizer state (DCP reshards
-    them), but a pass saved mid-epoch cannot be continued: each rank's batches depend on W."""
+    them), but a pass saved mid-epoch cannot be continued: each rank's batches depend on W.
+    Returns whether the checkpoint was written by this world size."""
     import torch.distributed.checkpoint as dcp
 
     from guard import distributed
 
     saved_keys = dcp.FileSystemReader(str(directory)).read_metadata().state_dict_metadata
     if "world.size" not in saved_keys:
-        return  # written before the world was recorded
+        return True  # written before the world was recorded
     saved = {"world": {"size": 0, "mid_epoch": False}}
     dcp.load(saved, checkpoint_id=str(directory))
     size, mid_epoch = saved["world"]["size"], saved["world"]["mid_epoch"]
@@ -408,6 +438,7 @@ def _refuse_another_world_mid_epoch(directory: str | Path) -> None:
             f"it on {_processes(size)}, or save at an epoch boundary (after the loop over the "
             "loader ends), which loads on any world size"
         )
+    return size == here
 
 
 def _processes(count: int) -> str:
@@ -422,7 +453,7 @@ def load_state(engine: Engine, directory: str | Path) -> None:
         set_optimizer_state_dict,
     )
 
-    _refuse_another_world_mid_epoch(directory)
+    same_world = _refuse_another_world_mid_epoch(directory)
     state = _state(engine)
     dcp.load(state, checkpoint_id=str(directory))
     for i, model in enumerate(engine._models):
@@ -433,6 +464,7 @@ def load_state(engine: Engine, directory: str | Path) -> None:
     for i, scheduler in enumerate(engine._schedulers):
         scheduler.load_state_dict(state["schedulers"][str(i)])
     engine.load_state_dict(state["engine"])
+    _load_rank_state(engine, Path(directory), same_world)
 
 
 def trained_grads(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from fsdp_reference import flat_params, make_data, make_loader, make_model, make_optimizer
+from torch.utils.data import DataLoader, TensorDataset
 
 import guard
 
@@ -142,28 +143,40 @@ def engine_items(n: int, steps: int, fsdp: bool):
     return {"params": flat_params(model), "reduce_scatters": counter["calls"]}
 
 
-def engine_resume(directory: str, samples: int, batch_size: int, n: int, cut: int):
-    """Uninterrupted vs. saved after `cut` optimizer steps, rebuilt, loaded and continued."""
+def engine_resume(
+    directory: str, samples: int, batch_size: int, n: int, cut: int, noisy: bool = False
+):
+    """Uninterrupted vs. saved after `cut` optimizer steps, rebuilt, loaded and continued.
+    `noisy`: a dropout after the blocks and a shuffled loader, so the continued run is exact only
+    if the checkpoint restored each rank's generators and the pass's order."""
+
+    def build(seed: int = 0):
+        model = make_model(seed=seed)
+        return torch.nn.Sequential(model, torch.nn.Dropout(0.3)) if noisy else model
+
+    def loader_of(x, y):
+        return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=noisy)
+
     results = {}
     for how in ("straight", "resumed"):
         guard.reset()
         engine = _engine("bf16", n)
-        model = make_model()
+        model = build()
         opt = make_optimizer("adamw", model.parameters())
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
         x, y = make_data(samples)
-        model, opt, loader, sched = engine.prepare(model, opt, make_loader(x, y, batch_size), sched)
+        model, opt, loader, sched = engine.prepare(model, opt, loader_of(x, y), sched)
+        torch.manual_seed(123 + engine.process_index)  # both runs draw the same masks and order
         counter = {"calls": 0}
         if how == "resumed":
             _train(engine, model, opt, loader, sched, 0.5, counter, stop_after=cut)
             engine.save_sharded_state(directory)
             results["saved_steps"] = engine.optimizer_steps
             engine = _engine("bf16", n)
-            model = make_model(seed=7)  # different weights: everything must come from the files
+            model = build(seed=7)  # different weights and generators: all must come from files
             opt = make_optimizer("adamw", model.parameters())
             sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
-            loader = make_loader(x, y, batch_size)
-            model, opt, loader, sched = engine.prepare(model, opt, loader, sched)
+            model, opt, loader, sched = engine.prepare(model, opt, loader_of(x, y), sched)
             engine.load_sharded_state(directory)
             loader = engine.skip_first_batches(loader, cut * n)
         _train(engine, model, opt, loader, sched, 0.5, counter)

@@ -104,7 +104,10 @@ def test_num_items_matches_the_ddp_engine(fsdp_pool):
     assert rel_err(fsdp[0]["params"], ddp[0]["params"]) <= 1e-6
 
 
-def test_resume_from_a_sharded_checkpoint_is_exact(fsdp_pool, tmp_path):
+@pytest.mark.parametrize("noisy", [False, True], ids=["plain", "dropout+shuffle"])
+def test_resume_from_a_sharded_checkpoint_is_exact(fsdp_pool, tmp_path, noisy):
+    """Mid-epoch: with dropout and a shuffled loader the continued run is exact only because
+    each rank's generators and its pass's order were saved beside the shards."""
     results = fsdp_pool.run(
         fsdp_cases.engine_resume,
         directory=str(tmp_path / "ckpt"),
@@ -112,11 +115,16 @@ def test_resume_from_a_sharded_checkpoint_is_exact(fsdp_pool, tmp_path):
         batch_size=B,
         n=N,
         cut=STEPS,
+        noisy=noisy,
     )
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
         ".metadata",
         "__0_0.distcp",
         "__1_0.distcp",  # one shard file per rank
+        "guard_engine_0.pt",  # and per rank, what is no shard: its loaders' pass order
+        "guard_engine_1.pt",
+        "random_states_0.pkl",  # and its generators (dropout, Python, numpy)
+        "random_states_1.pkl",
     ]
     for rank in results:
         assert rank["saved_steps"] == STEPS
