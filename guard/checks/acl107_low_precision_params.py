@@ -17,7 +17,9 @@ _LOW = (torch.float16, torch.bfloat16)
 def install(tracker) -> None:
     tracker.subscribe("unscale_pre", _before_unscale_or_step)
     tracker.subscribe("scaler_step_pre", _before_unscale_or_step)
-    tracker.subscribe("optimizer_step_pre", _before_step)
+    # a warning about how the model was built: the sampled steps (the first 8, then every 16th)
+    # see it, the others need not pay for the dtype scan
+    tracker.subscribe("optimizer_step_pre", _before_step, sampled=True)
     tracker.subscribe("prepare", _after_prepare)
 
 

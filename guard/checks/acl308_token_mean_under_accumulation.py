@@ -77,8 +77,10 @@ def install(tracker) -> None:
     tracker.subscribe("backward", after_backward, sampled=True)
     tracker.subscribe("ddp_created", saw_ddp)
     tracker.subscribe("ddp_forward", saw_ddp)
-    tracker.subscribe("optimizer_step_pre", before_step)
-    tracker.subscribe("zero_grad", _forget)
+    # counts exist only from sampled windows, and sampling changes only at a step: the step and a
+    # zero_grad of the same window see the same answer
+    tracker.subscribe("optimizer_step_pre", before_step, sampled=True)
+    tracker.subscribe("zero_grad", _forget, sampled=True)
 
 
 def _forget(states, **_) -> None:
