@@ -2,7 +2,9 @@
 # The prepared GPU check (issue 12): on a machine with a CUDA GPU, in under 5 minutes,
 #   1. the CUDA-parametrised engine tests (tests/guard/engine: every test over cpu and cuda,
 #      fp16 overflow-skip included), the cuda cases only;
-#   2. the framework loops (tests/guard/frameworks, when present) and the host-read budget test;
+#   2. the framework loops on cuda (tests/guard/frameworks: HF Trainer fp32/bf16, Lightning
+#      bf16-mixed manual optimisation, parametrised over the devices present) and the host-read
+#      budget test;
 #   3. bench/host_syncs.py on cuda (host reads per optimizer step, guard off / on, and CUDA's
 #      own count of synchronizing calls from torch.cuda.set_sync_debug_mode);
 #   4. short runs of the overhead benches (bench/guard_overhead.py, bench/engine_overhead.py).
@@ -47,10 +49,8 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
 python -c "import torch; print('gpu_check on', torch.cuda.get_device_name(0), 'torch', torch.__version__)"
 
 stage engine-cuda python -m pytest -q -p no:cacheprovider tests/guard/engine -k cuda
-FRAMEWORKS=()
-[ -d tests/guard/frameworks ] && FRAMEWORKS=(tests/guard/frameworks)
-stage guard-tests python -m pytest -q -p no:cacheprovider tests/guard/test_host_read_budget.py \
-    "${FRAMEWORKS[@]}"
+stage frameworks-cuda python -m pytest -q -p no:cacheprovider tests/guard/frameworks -k cuda
+stage host-budget python -m pytest -q -p no:cacheprovider tests/guard/test_host_read_budget.py
 stage host-syncs python bench/host_syncs.py --device cuda
 stage guard-overhead python bench/guard_overhead.py --rounds 30 --engine-workers 2
 stage engine-overhead python bench/engine_overhead.py --rounds 200

@@ -8,6 +8,15 @@ import sys
 import warnings
 
 import pytest
+import torch
+
+# The frameworks' correct loops run on every device present (bench/gpu_check.sh: `-k cuda`).
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> str:
+    return request.param
 
 
 @pytest.fixture

@@ -33,11 +33,11 @@ class _Manual(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def _fit() -> None:
+def _fit(device: str = "cpu") -> None:
     torch.manual_seed(0)
     data = DataLoader(TensorDataset(torch.randn(64, 8), torch.randn(64, 1)), batch_size=4)
     trainer = pl.Trainer(
-        accelerator="cpu",
+        accelerator=device,
         devices=1,
         max_epochs=1,
         precision="bf16-mixed",
@@ -49,8 +49,8 @@ def _fit() -> None:
     trainer.fit(_Manual(), data)
 
 
-def test_manual_backward_inside_lightnings_autocast_reports_nothing(guard_warn):
-    _fit()
+def test_manual_backward_inside_lightnings_autocast_reports_nothing(guard_warn, device):
+    _fit(device)
     assert guard_warn.findings() == []
 
 
