@@ -53,7 +53,9 @@ def lint_notebook_text(
         program = program_of(text)
     except NotebookError as error:
         return TextResult([notebook_error(shown, error)], unchanged)
-    checked = check_source(program.text, shown, codes, fix)
+    checked = _screened(program.text, shown, unchanged) or check_source(
+        program.text, shown, codes, fix
+    )
     checked.cells = program.index
     if fix == "none" or checked.fixed == program.text:
         checked.fixed = unchanged
@@ -92,6 +94,17 @@ def lint_notebook_job(job: Job) -> FileResult:
         else:
             result.diff = cell_diff(job.shown, text, checked.fixed)
     return result
+
+
+def _screened(program: str, shown: str, unchanged: str | None) -> TextResult | None:
+    """The runner's size and nesting screen, on the program the cells make (a generated cell can
+    be as deep as a generated module): one ACL000, placed in its cell by the index."""
+    from linter.runner import file_error
+    from linter.screen import unanalysable
+    from linter.text import TextResult
+
+    problem = unanalysable(program, len(program.encode("utf-8", "surrogatepass")), shown)
+    return None if problem is None else TextResult([file_error(shown, *problem)], unchanged)
 
 
 def cell_diff(shown: str, before: str, after: str) -> str:

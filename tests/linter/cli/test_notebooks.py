@@ -266,3 +266,14 @@ def test_show_loops_on_a_notebook_with_a_syntax_error_names_its_cell(project, in
     broken = invoke("--show-loops", "broken.ipynb")
     assert broken.exit_code == 2
     assert "broken.ipynb: cannot read notebook: not a Jupyter notebook" in broken.output
+
+
+def test_a_cell_too_deep_to_analyse_gets_the_screens_acl000_in_its_cell(project, invoke):
+    """The module screen applies to the cells' program: libcst never sees a 600-term sum."""
+    deep = "y = " + " + ".join(["a"] * 600) + "\n"
+    (project / "deep.ipynb").write_text(_notebook("import torch\n", deep))
+    result = invoke("--no-cache", "--output-format", "concise", "deep.ipynb")
+    assert result.exit_code == 1
+    assert result.stdout.splitlines()[0] == (
+        "deep.ipynb:cell 2:1:1: ACL000 too deeply nested to analyse: 603 levels (the limit is 400)"
+    )
