@@ -6,12 +6,15 @@ are kept as they are (no universal-newline translation) so fixes on CRLF files s
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
 import re
+import signal
 import tempfile
 import tokenize
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 # Python's tokenizer ends lines only at these; str.splitlines() would also split on \f, \x1c, ...
@@ -93,16 +96,36 @@ def write_atomic(path: str, data: bytes, expected: bytes | None = None) -> None:
         raise PermissionError(errno.EACCES, "the file is read-only", path)
     if expected is not None and read_bytes(target) != expected:
         raise FileChanged(errno.EAGAIN, "the file changed on disk since it was read", path)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".accel-lint-", suffix=".tmp")
+    folder = os.path.dirname(target)
+    with _signals_held():
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".accel-lint-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+            os.chmod(tmp, mode)
+            os.replace(tmp, target)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ctrl-C and termination wait until the file is replaced or its temporary file removed.
+
+    A terminal's Ctrl-C reaches every worker of a `--fix` run at once. A KeyboardInterrupt
+    between creating the temporary file and the `try` that removes it, or the SIGTERM with
+    which the pool ends a worker still writing, would leave `.accel-lint-*.tmp` behind. Blocked,
+    they are delivered (and raised) right after the write."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no signal masks
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _writable(path: str, mode: int) -> bool:
