@@ -54,23 +54,29 @@ def lint_text(
 
         return lint_notebook_text(source, shown_path(path), codes, fix)
     shown = shown_path(path)
-    problem = _screened(source, shown, cache)
-    if problem is not None:
-        return _unanalysable(source, shown, fix, *problem)
+    screened = screen_text(source, shown, fix, cache)
+    if screened is not None:
+        return screened
     return check_source(source, shown, codes, fix, newline_of(source), cache)
 
 
-def _screened(source: str, shown: str, cache: ParseCache | None) -> tuple[str, int] | None:
-    """What the runner's screen says of a file (too large, too deep), before libcst sees it.
+def screen_text(
+    source: str, shown: str, fix: FixChoice = "none", cache: ParseCache | None = None
+) -> TextResult | None:
+    """The runner's screen (too large, too deep) before libcst sees the text: the one ACL000
+    it gives, or None to analyse.
 
-    With a cache the depth is judged there, chunk by chunk (the whole screen costs as much as
-    the rest of an editor's answer)."""
+    With a cache only the size is judged here: the depth is judged there, chunk by chunk (the
+    whole screen costs as much as the rest of an editor's answer)."""
     from linter import screen
 
     size = len(source.encode("utf-8", "surrogatepass"))
-    if size > screen.MAX_BYTES or cache is None:
-        return screen.unanalysable(source, size, shown)
-    return None
+    if size <= screen.MAX_BYTES and cache is not None:
+        return None
+    problem = screen.unanalysable(source, size, shown)
+    if problem is None:
+        return None
+    return _unanalysable(source, shown, fix, *problem)
 
 
 def _unanalysable(text: str, shown: str, fix: FixChoice, message: str, line: int = 1):

@@ -46,16 +46,15 @@ def lint_notebook_text(
     text: str, shown: str, codes: Collection[str], fix: FixChoice = "none"
 ) -> TextResult:
     """Lint a notebook's JSON; with `fix`, `fixed` is the notebook's new JSON text."""
-    from linter.text import TextResult, check_source
+    from linter.text import TextResult, check_source, screen_text
 
     unchanged = text if fix != "none" else None
     try:
         program = program_of(text)
     except NotebookError as error:
         return TextResult([notebook_error(shown, error)], unchanged)
-    checked = _screened(program.text, shown, unchanged) or check_source(
-        program.text, shown, codes, fix
-    )
+    # a generated cell can be as deep as a generated module: the module screen, on the program
+    checked = screen_text(program.text, shown, fix) or check_source(program.text, shown, codes, fix)
     checked.cells = program.index
     if fix == "none" or checked.fixed == program.text:
         checked.fixed = unchanged
@@ -94,17 +93,6 @@ def lint_notebook_job(job: Job) -> FileResult:
         else:
             result.diff = cell_diff(job.shown, text, checked.fixed)
     return result
-
-
-def _screened(program: str, shown: str, unchanged: str | None) -> TextResult | None:
-    """The runner's size and nesting screen, on the program the cells make (a generated cell can
-    be as deep as a generated module): one ACL000, placed in its cell by the index."""
-    from linter.runner import file_error
-    from linter.screen import unanalysable
-    from linter.text import TextResult
-
-    problem = unanalysable(program, len(program.encode("utf-8", "surrogatepass")), shown)
-    return None if problem is None else TextResult([file_error(shown, *problem)], unchanged)
 
 
 def cell_diff(shown: str, before: str, after: str) -> str:
