@@ -164,15 +164,32 @@ class Checkpointing:
             self.save(scheduler.state_dict(), output / _suffixed("scheduler.bin", i))
         if self.scaler is not None:
             self.save(self.scaler.state_dict(), output / "scaler.pt")
-        rank = self.process_index
-        torch.save(_random_states(self.step), output / f"random_states_{rank}.pkl")
         for i, obj in enumerate(self._custom_objects):
             self.save(obj.state_dict(), output / f"custom_checkpoint_{i}.pkl")
-        loaders = [loader.pass_rng for loader in self._dataloaders]
-        engine_state = {"engine": self.state_dict(), "loader_rng": loaders}
-        torch.save(engine_state, output / f"guard_engine_{rank}.pt")
+        self._save_rank_files(output, engine=self.state_dict())
         self.project_configuration.iteration += 1
         return output
+
+    def _save_rank_files(self, output: Path, **state: Any) -> None:
+        """This rank's own files, also beside FSDP2's shards: its random generators
+        (`random_states_<rank>.pkl`, Accelerate's) and the generator states its loaders' current
+        passes were drawn from, with `state` (`guard_engine_<rank>.pt`)."""
+        rank = self.process_index
+        torch.save(_random_states(self.step), output / f"random_states_{rank}.pkl")
+        loaders = [loader.pass_rng for loader in self._dataloaders]
+        torch.save({**state, "loader_rng": loaders}, output / f"guard_engine_{rank}.pt")
+
+    def _read_rank_file(self, folder: Path) -> dict | None:
+        """This rank's `guard_engine_<rank>.pt`, None when the folder has none (Accelerate's)."""
+        path = folder / f"guard_engine_{self.process_index}.pt"
+        if not path.is_file():
+            return None
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+    def _resume_loader_passes(self, saved: dict) -> None:
+        """Each prepared loader's next pass redraws the order the saved pass was drawn from."""
+        for loader, states in zip(self._dataloaders, saved["loader_rng"], strict=False):
+            loader.resume_rng = states
 
     def _checkpoint_folder(self, output_dir: str | os.PathLike | None) -> str:
         config = self.project_configuration
@@ -215,12 +232,10 @@ class Checkpointing:
             self.scaler.load_state_dict(_load(folder / "scaler.pt", load_kwargs))
         step = _restore_random_states(folder / f"random_states_{self.process_index}.pkl")
         self._load_custom_objects(folder)
-        engine_file = folder / f"guard_engine_{self.process_index}.pt"
-        if engine_file.is_file():
-            saved = torch.load(engine_file, map_location="cpu", weights_only=True)
+        saved = self._read_rank_file(folder)
+        if saved is not None:
             self.load_state_dict(saved["engine"])
-            for loader, states in zip(self._dataloaders, saved["loader_rng"], strict=False):
-                loader.resume_rng = states
+            self._resume_loader_passes(saved)
         elif step is not None:  # an Accelerate checkpoint: its micro-step counter
             self.step = step
 

@@ -384,19 +384,8 @@ def save_state(engine: Engine, directory: str | Path) -> None:
     import torch.distributed.checkpoint as dcp
 
     dcp.save({**_state(engine), "world": _world(engine)}, checkpoint_id=str(directory))
-    _save_rank_state(engine, Path(directory))
-
-
-def _save_rank_state(engine: Engine, directory: Path) -> None:
-    """What differs by rank and is no tensor DCP could shard: the random generators (dropout,
-    Python, numpy, CUDA) and the generator states each loader's current pass drew its order
-    from, in `save_state`'s own files (`random_states_<rank>.pkl`, `guard_engine_<rank>.pt`)."""
-    from guard._engine_state import _random_states
-
-    rank = engine.process_index
-    torch.save(_random_states(engine.step), directory / f"random_states_{rank}.pkl")
-    loaders = [loader.pass_rng for loader in engine._dataloaders]
-    torch.save({"loader_rng": loaders}, directory / f"guard_engine_{rank}.pt")
+    # what differs by rank and is no tensor DCP could shard: generators, loader pass orders
+    engine._save_rank_files(Path(directory))
 
 
 def _load_rank_state(engine: Engine, directory: Path, same_world: bool) -> None:
@@ -404,15 +393,11 @@ def _load_rank_state(engine: Engine, directory: Path, same_world: bool) -> None:
     (on another one the ranks differ, and a checkpoint taken at an epoch boundary needs none)."""
     from guard._engine_state import _restore_random_states
 
-    rank = engine.process_index
-    states = directory / f"random_states_{rank}.pkl"
-    loaders = directory / f"guard_engine_{rank}.pt"
-    if not same_world or not loaders.is_file():
+    saved = engine._read_rank_file(directory) if same_world else None
+    if saved is None:
         return  # written by another world size, or before these files were written
-    _restore_random_states(states)
-    saved = torch.load(loaders, map_location="cpu", weights_only=True)
-    for loader, rng in zip(engine._dataloaders, saved["loader_rng"], strict=False):
-        loader.resume_rng = rng
+    _restore_random_states(directory / f"random_states_{engine.process_index}.pkl")
+    engine._resume_loader_passes(saved)
 
 
 def _refuse_another_world_mid_epoch(directory: str | Path) -> bool:
