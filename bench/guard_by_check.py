@@ -18,26 +18,11 @@ import time
 from collections import Counter
 
 import torch
-import torch.nn.functional as F
-from _mlp import make_model  # bench/ is on sys.path when a bench script runs
-from engine_overhead import N, make_loader
+from engine_overhead import N, make_loader  # bench/ is on sys.path when a bench script runs
+from guard_overhead import plain_windows  # the loop whose overhead is measured there
 
 import guard  # noqa: F401  (installs the checks)
 from guard._tracker import TRACKER
-
-
-def train(model, optimizer, loader, windows: int) -> None:
-    done = 0
-    while done < windows:
-        for i, (x, y) in enumerate(loader):
-            (F.cross_entropy(model(x), y) / N).backward()
-            if (i + 1) % N == 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                optimizer.zero_grad()
-                done += 1
-                if done == windows:
-                    return
 
 
 def timed(name: str, handler, spent: Counter, calls: Counter):
@@ -72,13 +57,13 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25)
     options = parser.parse_args()
     torch.set_num_threads(1)
-    loader = make_loader(options.width, 64, options.batch_size)
-    model = make_model(options.width)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    train(model, optimizer, loader, 40)  # start-up: registration, the first sampled windows
+    windows = plain_windows(options.width, make_loader(options.width, 64, options.batch_size))
+    for _ in range(40):  # start-up: registration, the first sampled windows
+        next(windows)
     spent, calls = Counter(), Counter()
     wrap_subscribers(spent, calls)
-    train(model, optimizer, loader, options.windows)
+    for _ in range(options.windows):
+        next(windows)
     micro_steps = options.windows * N
     print(f"{'us/micro-step':>13} {'calls/micro-step':>16}  event: handler")
     for name, seconds in spent.most_common(options.top):
