@@ -541,13 +541,32 @@ def test_clip_inside_a_micro_step_loop_moves_before_the_step_after_it(acl303, at
     )
 
 
+# Both gates end as the one ACL303's fix must move the clip into.
+CLIP_IN_THE_FIXED_GATE = """
+for i, (x, y) in enumerate(dl):
+    (crit(model(x), y) / K).backward()
+    if (i + 1) % K == 0 or i + 1 == len(dl):
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+"""
+
+
+def _fixed_together(source: str, codes: list[str]) -> str:
+    """All fixes of `codes` applied (unsafe ones too): none fails, nothing is left to report."""
+    from linter.analysis import analyze_source
+    from linter.fixer import fix_text
+
+    analyse = lambda text: analyze_source(text, "snippet.py", codes)  # noqa: E731
+    outcome = fix_text(textwrap.dedent(source), analyse, unsafe=True)
+    assert outcome.error is None and analyse(outcome.text) == []
+    return outcome.text
+
+
 def test_with_acl307_the_clip_moves_into_the_gate_that_gains_the_last_batch_clause():
     """A copy of a gate with no last-batch clause would skip the clip on the tail window once
     ACL307's fix adds `or i + 1 == len(dl)` to the gate: the clip moves into the branch instead
     (found by the generated-loop properties, tests/generated/)."""
-    from linter.analysis import analyze_source
-    from linter.fixer import fix_text
-
     source = """
     for i, (x, y) in enumerate(dl):
         (crit(model(x), y) / K).backward()
@@ -556,27 +575,12 @@ def test_with_acl307_the_clip_moves_into_the_gate_that_gains_the_last_batch_clau
             opt.step()
             opt.zero_grad()
     """
-    analyse = lambda text: analyze_source(text, "snippet.py", ["ACL303", "ACL307"])  # noqa: E731
-    outcome = fix_text(textwrap.dedent(source), analyse, unsafe=True)
-    assert outcome.error is None and analyse(outcome.text) == []
-    assert outcome.text == textwrap.dedent(
-        """
-    for i, (x, y) in enumerate(dl):
-        (crit(model(x), y) / K).backward()
-        if (i + 1) % K == 0 or i + 1 == len(dl):
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad()
-    """
-    )
+    assert _fixed_together(source, ["ACL303", "ACL307"]) == CLIP_IN_THE_FIXED_GATE
 
 
 def test_with_acl312_the_clip_moves_into_the_gate_whose_test_is_shifted():
     """A copy of the off-by-one test `i % K == 0` would clip on the wrong micro-steps once
     ACL312's fix shifts the gate to `(i + 1) % K == 0` (found by tests/generated/)."""
-    from linter.analysis import analyze_source
-    from linter.fixer import fix_text
-
     source = """
     for i, (x, y) in enumerate(dl):
         (crit(model(x), y) / K).backward()
@@ -585,16 +589,4 @@ def test_with_acl312_the_clip_moves_into_the_gate_whose_test_is_shifted():
             opt.step()
             opt.zero_grad()
     """
-    analyse = lambda text: analyze_source(text, "snippet.py", ["ACL303", "ACL312"])  # noqa: E731
-    outcome = fix_text(textwrap.dedent(source), analyse, unsafe=True)
-    assert outcome.error is None and analyse(outcome.text) == []
-    assert outcome.text == textwrap.dedent(
-        """
-    for i, (x, y) in enumerate(dl):
-        (crit(model(x), y) / K).backward()
-        if (i + 1) % K == 0 or i + 1 == len(dl):
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad()
-    """
-    )
+    assert _fixed_together(source, ["ACL303", "ACL312"]) == CLIP_IN_THE_FIXED_GATE
