@@ -32,19 +32,24 @@ def test_read_only_file_is_an_error_and_the_others_are_still_fixed(project, invo
     assert (project / "a.py").read_text() == (project / "z.py").read_text() == FIXED
 
 
+def _saved_while_checked(monkeypatch, module, name: str, path: Path, edited: bytes) -> None:
+    """An editor saves `edited` at `path` while `module.name` (the analysis) runs."""
+    analyse = getattr(module, name)
+
+    def save_meanwhile(*args, **kwargs):
+        path.write_bytes(edited)
+        return analyse(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, save_meanwhile)
+
+
 def test_a_file_edited_during_the_run_is_not_clobbered(project, invoke, monkeypatch):
     """Someone saves the file while it is being analysed: their text wins, the fix waits."""
     from linter import text
 
     (project / "train.py").write_text(SCRIPT)
     edited = SCRIPT + "print('saved by the editor')\n"
-    analyse = text.check_source
-
-    def save_meanwhile(*args, **kwargs):
-        (project / "train.py").write_text(edited)
-        return analyse(*args, **kwargs)
-
-    monkeypatch.setattr(text, "check_source", save_meanwhile)
+    _saved_while_checked(monkeypatch, text, "check_source", project / "train.py", edited.encode())
     result = invoke("train.py", "--fix")
     assert result.exit_code == 2
     assert result.stderr.splitlines() == [
@@ -121,13 +126,8 @@ def test_a_notebook_edited_during_the_run_is_not_clobbered(project, invoke, monk
     notebook = REPO / "tests" / "linter" / "cli" / "notebooks" / "train.ipynb"
     (project / "train.ipynb").write_bytes(notebook.read_bytes())
     edited = notebook.read_bytes() + b"\n"  # saved again by an editor that ends with a newline
-    analyse = notebooks.lint_notebook_text
-
-    def save_meanwhile(*args, **kwargs):
-        (project / "train.ipynb").write_bytes(edited)
-        return analyse(*args, **kwargs)
-
-    monkeypatch.setattr(notebooks, "lint_notebook_text", save_meanwhile)
+    target = project / "train.ipynb"
+    _saved_while_checked(monkeypatch, notebooks, "lint_notebook_text", target, edited)
     result = invoke("train.ipynb", "--fix")
     assert result.exit_code == 2
     assert result.stderr.splitlines() == [
