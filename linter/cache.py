@@ -40,8 +40,10 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def codes_key(codes: frozenset[str]) -> str:
-    return hashlib.sha256(",".join(sorted(codes)).encode()).hexdigest()[:16]
+def codes_key(codes: frozenset[str], hints: bool = False) -> str:
+    """What the cached findings depend on besides the text: the codes, and whether hints show."""
+    selected = ",".join(sorted(codes)) + (";hints" if hints else "")
+    return hashlib.sha256(selected.encode()).hexdigest()[:16]
 
 
 def default_directory(project_root: Path) -> Path:

@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from linter import __version__
+from linter.types import failing
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
@@ -141,6 +142,10 @@ def lint(
         Path | None, typer.Option("--output-file", "-o", help="Write the report to this file.")
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print the findings only.")] = False,
+    hints: Annotated[
+        bool | None,
+        typer.Option("--hints/--no-hints", help="Also report hints (never fail the run)."),
+    ] = None,
 ) -> None:
     """Catch silent mixed-precision, gradient-accumulation and data-parallel bugs."""
     if version:
@@ -157,6 +162,7 @@ def lint(
         ignore=_selectors(ignore),
         extend_select=_selectors(extend_select),
         unsafe_fixes=unsafe_fixes,
+        hints=hints,
     )
     try:
         resolver = Resolver(overrides, config)
@@ -232,7 +238,7 @@ def _check(paths, resolver, mode, printer, no_cache) -> int:
     printer.report(diagnostics, printer.context(unsafe, diagnostics, len(report.errors)))
     if report.fixed:
         printer.say(f"Fixed {_errors(report.fixed)}.")
-    return 2 if report.errors else (1 if diagnostics else 0)
+    return 2 if report.errors else (1 if failing(diagnostics) else 0)
 
 
 def _add_noqa(paths, resolver, printer, no_cache) -> int:

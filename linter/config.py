@@ -28,7 +28,9 @@ DEFAULT_EXCLUDES = (
     ".pytest_cache", ".ruff_cache", ".svn", ".tox", ".venv", "__pypackages__", "_build",
     "buck-out", "build", "dist", "node_modules", "site-packages", "venv",
 )  # fmt: skip
-_KEYS = {"select", "ignore", "extend-select", "exclude", "per-file-ignores", "unsafe-fixes"}
+_KEYS = {
+    "select", "ignore", "extend-select", "exclude", "per-file-ignores", "unsafe-fixes", "hints",
+}  # fmt: skip
 
 
 class ConfigError(ValueError):
@@ -43,6 +45,7 @@ class Overrides:
     ignore: tuple[str, ...] = ()
     extend_select: tuple[str, ...] = ()
     unsafe_fixes: bool | None = None
+    hints: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,8 @@ class Settings:
     exclude: tuple[str, ...] = DEFAULT_EXCLUDES
     per_file_ignores: tuple[tuple[str, frozenset[str]], ...] = ()
     unsafe_fixes: bool = False
+    # Hint-level (info) findings are reported only when asked for, and never fail a run.
+    hints: bool = False
     _matchers: dict = field(default_factory=dict, compare=False, repr=False)
 
     def codes_for(self, path: Path) -> frozenset[str]:
@@ -171,9 +176,8 @@ def build(table: dict, source: Path | None, root: Path, cli: Overrides) -> Setti
     ignore = _selectors(where, "ignore", table.get("ignore", []), ALL_RULES)
     extend = _selectors(where, "extend-select", table.get("extend-select", []), ALL_RULES)
     exclude = _strings(where, "exclude", table.get("exclude", []))
-    unsafe = table.get("unsafe-fixes", False)
-    if not isinstance(unsafe, bool):
-        raise ConfigError(f"{where}: `unsafe-fixes` must be true or false, not {unsafe!r}")
+    unsafe = _flag(where, table, "unsafe-fixes")
+    hints = _flag(where, table, "hints")
     pfi = table.get("per-file-ignores", {})
     if not isinstance(pfi, dict):
         raise ConfigError(f"{where}: `per-file-ignores` must be a table of glob = [codes]")
@@ -195,7 +199,15 @@ def build(table: dict, source: Path | None, root: Path, cli: Overrides) -> Setti
         exclude=DEFAULT_EXCLUDES + exclude,
         per_file_ignores=tuple(per_file),
         unsafe_fixes=cli.unsafe_fixes if cli.unsafe_fixes is not None else unsafe,
+        hints=cli.hints if cli.hints is not None else hints,
     )
+
+
+def _flag(where, table: dict, key: str) -> bool:
+    value = table.get(key, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: `{key}` must be true or false, not {value!r}")
+    return value
 
 
 class Resolver:

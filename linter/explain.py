@@ -33,8 +33,17 @@ def explain_markdown(code: str) -> str:
         f"- Severity: {rule.severity}\n"
         f"- {FIX_SAFETY[rule.fix]}\n"
         f"- Detected by: {static} (runtime coverage: {rule.runtime})\n"
-        f"{_guard_line(rule)}\n"
+        f"{_guard_line(rule)}{_hint_line(rule)}\n"
         f"{rule.docs.strip()}\n"
+    )
+
+
+def _hint_line(rule: Rule) -> str:
+    if not rule.hint:
+        return ""
+    return (
+        f"- Hint (info level, off by default: shown with `--hints` or `hints = true` in the "
+        f"config, never fails a run): {rule.hint}\n"
     )
 
 

@@ -44,6 +44,7 @@ class Job:
     codes: frozenset[str]
     mode: FixMode
     unsafe: bool
+    hints: bool = False  # report hint-level findings (off by default)
 
 
 @dataclass
@@ -142,7 +143,7 @@ def _plan(
     if cache:  # the cache module (hashlib, json) is loaded only by runs that use it
         from linter import cache as cache_mod
 
-        key = cache_mod.codes_key(codes)
+        key = cache_mod.codes_key(codes, settings.hints)
     else:
         key = ""
     try:
@@ -168,7 +169,7 @@ def _plan(
     if cached is not None and not _needs_fixing(cached, mode, settings.unsafe_fixes):
         cache.store(absolute, stat, digest, key, cached)  # remember the new mtime
         return FileResult(shown, cached)
-    job = Job(shown, absolute, data, codes, mode, settings.unsafe_fixes)
+    job = Job(shown, absolute, data, codes, mode, settings.unsafe_fixes, settings.hints)
     return _Pending(job, stat, digest, key)
 
 
@@ -229,7 +230,9 @@ def lint_job(job: Job) -> FileResult:
         if problem is not None:  # libcst would take minutes on it, or overflow its stack
             return FileResult(job.shown, [file_error(job.shown, *problem)])
         fix = "none" if job.mode == "none" else "unsafe" if job.unsafe else "safe"
-        checked = check_source(source.text, job.shown, job.codes, fix, source.newline)
+        checked = check_source(
+            source.text, job.shown, job.codes, fix, source.newline, hints=job.hints
+        )
         result = FileResult(job.shown, checked.diagnostics, checked.fixes_applied)
         result.error = checked.error
         result.cacheable = checked.error is None  # a fix error is reported again on every run
@@ -238,7 +241,8 @@ def lint_job(job: Job) -> FileResult:
             if job.mode == "write":
                 if not _write(job.absolute, new_data, result, expected=job.data):
                     result.fixed = 0  # the file still holds the unfixed text and its findings
-                    result.diagnostics = check_source(source.text, job.shown, job.codes).diagnostics
+                    unfixed = check_source(source.text, job.shown, job.codes, hints=job.hints)
+                    result.diagnostics = unfixed.diagnostics
             else:
                 result.diff = unified_diff(job.shown, source.text, checked.fixed)
         return result

@@ -14,6 +14,7 @@ from pathlib import Path
 from linter.config import Resolver
 from linter.output.printer import Printer
 from linter.runner import FixMode, shown_path, unified_diff
+from linter.types import failing
 
 
 class StdinError(Exception):
@@ -54,7 +55,7 @@ def run(filename: Path | None, resolver: Resolver, mode: FixMode, printer: Print
     if result.error:
         print(f"error: {shown}: {result.error}", file=sys.stderr)
         return 2
-    return 1 if result.diagnostics else 0
+    return 1 if failing(result.diagnostics) else 0
 
 
 def _decoded(data: bytes, path: Path):

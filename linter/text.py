@@ -48,16 +48,17 @@ def lint_text(
     from linter.runner import shown_path
 
     path = Path(path)
-    codes = resolver.for_path(path).codes_for(path)
+    settings = resolver.for_path(path)
+    codes, hints = settings.codes_for(path), settings.hints
     if path.suffix == ".ipynb":
         from linter.notebooks import lint_notebook_text
 
-        return lint_notebook_text(source, shown_path(path), codes, fix)
+        return lint_notebook_text(source, shown_path(path), codes, fix, hints)
     shown = shown_path(path)
     screened = screen_text(source, shown, fix, cache)
     if screened is not None:
         return screened
-    return check_source(source, shown, codes, fix, newline_of(source), cache)
+    return check_source(source, shown, codes, fix, newline_of(source), cache, hints)
 
 
 def screen_text(
@@ -92,13 +93,21 @@ def newline_of(text: str) -> str:
 
 
 def analyse(
-    text: str, shown: str, codes: Collection[str], cache: ParseCache | None = None
+    text: str,
+    shown: str,
+    codes: Collection[str],
+    cache: ParseCache | None = None,
+    hints: bool = False,
 ) -> list[Diagnostic]:
-    """The findings of `codes` in `text` that no `# noqa` suppresses; raises ParseFailure."""
+    """The findings of `codes` in `text` that no `# noqa` suppresses; raises ParseFailure.
+
+    Hints (info-level findings) are dropped here unless asked for: off by default, they are
+    never shown, fixed, cached as findings or counted."""
     from linter import analysis, noqa
 
     found = analysis.analyze_source(text, shown, codes, cache)
-    return noqa.apply(text, [d for d in found if d.code in codes])
+    kept = [d for d in found if d.code in codes and (hints or not d.is_hint)]
+    return noqa.apply(text, kept)
 
 
 def check_source(
@@ -108,6 +117,7 @@ def check_source(
     fix: FixChoice = "none",
     newline: str = "\n",
     cache: ParseCache | None = None,
+    hints: bool = False,
 ) -> TextResult:
     """Analyse (and with `fix`, fix) one module's text; a syntax error becomes one ACL000.
 
@@ -116,7 +126,7 @@ def check_source(
     from linter.screen import Unanalysable
 
     try:
-        diagnostics = analyse(text, shown, codes, cache)
+        diagnostics = analyse(text, shown, codes, cache, hints)
     except Unanalysable as problem:  # found by the parse cache's screen
         return _unanalysable(text, shown, fix, problem.message, problem.line)
     except ParseFailure as failure:
@@ -132,7 +142,7 @@ def check_source(
         return TextResult(diagnostics, text)
 
     def again(new_text: str) -> list[Diagnostic]:
-        return analyse(new_text, shown, codes)
+        return analyse(new_text, shown, codes, hints=hints)
 
     outcome = fixer.fix_text(text, again, unsafe, newline, diagnostics)
     return TextResult(outcome.diagnostics, outcome.text, outcome.fixed, outcome.error)

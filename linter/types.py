@@ -47,3 +47,13 @@ class Diagnostic:
     # "info" for a hint-level finding of a rule whose findings are otherwise errors (ACL305's
     # unchecked step after a GradScaler step); None: the rule's own severity.
     severity: str | None = None
+
+    @property
+    def is_hint(self) -> bool:
+        """A hint is shown only when hints are asked for, and never fails a run."""
+        return self.severity == "info"
+
+
+def failing(diagnostics) -> list[Diagnostic]:
+    """The findings that count toward the exit code: every one but the hints."""
+    return [d for d in diagnostics if not d.is_hint]

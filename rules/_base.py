@@ -29,6 +29,9 @@ class Rule:
     # How the runtime guard reports it: "error" raises `GuardError` in ACCEL_GUARD=raise mode,
     # "warning" never raises. Empty = the static severity. Several = it depends on the case.
     guard_levels: tuple[GuardLevel, ...] = ()
+    # The rule's hint-level (info) variant, if any: reported only with `--hints` (or
+    # `hints = true` in the config), and never counted toward the exit code.
+    hint: str = ""
 
     @property
     def runtime_levels(self) -> tuple[str, ...]:

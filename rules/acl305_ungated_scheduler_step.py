@@ -11,6 +11,12 @@ RULE = Rule(
     runtime="full",
     static=True,
     guard_levels=("error", "warning"),
+    hint=(
+        "variant (b): `sched.step()` or an EMA update right after "
+        "`scaler.step()`/`scaler.update()` with no test for a skipped step. PyTorch's own AMP "
+        "recipe has this shape, and it is usually harmless (a skip shifts the schedule by one "
+        "step)."
+    ),
     docs="""\
 ## What it does
 Flags `sched.step()` that runs unconditionally on every micro-step of a manual accumulation loop
@@ -18,9 +24,11 @@ Flags `sched.step()` that runs unconditionally on every micro-step of a manual a
 range(K)` loop. Left alone: `accumulate()` (a prepared scheduler is gated by the wrapper),
 schedulers stepped outside the batch loop (per epoch), calls with an argument
 (`ReduceLROnPlateau.step(metric)`, `step(epoch)`), and schedulers under any test (a skip test, an
-epoch-end test). As a hint (the message starts with `hint:`, no fix), it also flags
-`sched.step()` or an EMA update (`ema.update(...)`) in the same block right after `scaler.step()`
-/ `scaler.update()` of a GradScaler that may be enabled (variant b).
+epoch-end test). As a hint (the message starts with `hint:`, no fix; off by default, shown with
+`--hints` and never failing a run), it also flags `sched.step()` or an EMA update
+(`ema.update(...)`) in the same block right after `scaler.step()` / `scaler.update()` of a
+GradScaler that may be enabled (variant b). That is the shape of PyTorch's AMP recipe with a
+scheduler, so by default it lints clean.
 
 ## Why is this bad?
 (a) In a manual accumulation loop, a scheduler stepped outside the step branch moves once per

@@ -10,6 +10,11 @@ RULE = Rule(
     fix="unsafe",
     runtime="full",
     static=True,
+    hint=(
+        "an FSDP2 model that reduce-scatters on every micro-step of a manual accumulation "
+        "window (skipping the sync would keep the unsharded gradients in memory, so it is a "
+        "trade-off, not a bug)."
+    ),
     docs="""\
 ## What it does
 Flags a model wrapped in `DistributedDataParallel(` / `DDP(` (any import alias,

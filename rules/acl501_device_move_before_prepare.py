@@ -10,6 +10,10 @@ RULE = Rule(
     fix="safe",
     runtime="full",
     static=True,
+    hint=(
+        "a model never passed to `prepare` moved to a fixed CUDA device (style: "
+        "`accelerator.device` says where it goes)."
+    ),
     docs="""\
 ## What it does
 Flags `.cuda()`, `.cuda(0)`, `.to("cuda")`, `.to("cuda:0")`, `.to(torch.device("cuda"))`, or

@@ -10,6 +10,10 @@ RULE = Rule(
     fix="none",
     runtime="none",
     static=True,
+    hint=(
+        "`.item()` on the loss on every micro-step of an accumulation window (a device sync per"
+        " micro-step; the value is one micro-batch's loss)."
+    ),
     docs="""\
 ## What it does
 Flags `.item()` on, or a logger call (`print`, `writer.add_scalar`, `wandb.log`, `logger.info`,

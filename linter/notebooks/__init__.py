@@ -43,7 +43,7 @@ def notebook_error(shown: str, error: NotebookError) -> Diagnostic:
 
 
 def lint_notebook_text(
-    text: str, shown: str, codes: Collection[str], fix: FixChoice = "none"
+    text: str, shown: str, codes: Collection[str], fix: FixChoice = "none", hints: bool = False
 ) -> TextResult:
     """Lint a notebook's JSON; with `fix`, `fixed` is the notebook's new JSON text."""
     from linter.text import TextResult, check_source, screen_text
@@ -54,14 +54,16 @@ def lint_notebook_text(
     except NotebookError as error:
         return TextResult([notebook_error(shown, error)], unchanged)
     # a generated cell can be as deep as a generated module: the module screen, on the program
-    checked = screen_text(program.text, shown, fix) or check_source(program.text, shown, codes, fix)
+    checked = screen_text(program.text, shown, fix) or check_source(
+        program.text, shown, codes, fix, hints=hints
+    )
     checked.cells = program.index
     if fix == "none" or checked.fixed == program.text:
         checked.fixed = unchanged
         return checked
     sources = program.cell_sources(checked.fixed)
     if sources is None:
-        kept = check_source(program.text, shown, codes)
+        kept = check_source(program.text, shown, codes, hints=hints)
         kept.fixed, kept.cells = text, program.index
         kept.error = "a fix would cross a notebook cell or move an IPython line; not applied"
         return kept
@@ -81,7 +83,7 @@ def lint_notebook_job(job: Job) -> FileResult:
         error = NotebookError(f"not UTF-8 ({exc.reason} at byte {exc.start})")
         return FileResult(job.shown, [notebook_error(job.shown, error)])
     fix = "none" if job.mode == "none" else "unsafe" if job.unsafe else "safe"
-    checked = lint_notebook_text(text, job.shown, job.codes, fix)
+    checked = lint_notebook_text(text, job.shown, job.codes, fix, job.hints)
     result = FileResult(job.shown, checked.diagnostics, checked.fixes_applied)
     result.error = checked.error
     result.cacheable = checked.error is None
@@ -89,7 +91,8 @@ def lint_notebook_job(job: Job) -> FileResult:
         if job.mode == "write":
             if not _write(job.absolute, checked.fixed.encode("utf-8"), result, expected=job.data):
                 result.fixed = 0  # the notebook still holds the unfixed cells and their findings
-                result.diagnostics = lint_notebook_text(text, job.shown, job.codes).diagnostics
+                unfixed = lint_notebook_text(text, job.shown, job.codes, hints=job.hints)
+                result.diagnostics = unfixed.diagnostics
         else:
             result.diff = cell_diff(job.shown, text, checked.fixed)
     return result

@@ -66,10 +66,15 @@ def column(position) -> int:
 
 def summary(diagnostics: list[Diagnostic], context: Context) -> str:
     """The closing lines of the text formats, worded like ruff's."""
-    if not diagnostics and not context.unchecked:
-        return "All checks passed!"
-    total = len(diagnostics)
-    lines = [f"Found {total} error{'s' if total != 1 else ''}."]
+    from linter.types import failing
+
+    total = len(failing(diagnostics))
+    hints = len(diagnostics) - total
+    if not total and not context.unchecked:
+        shown = f" ({_counted(hints, 'hint')} above: hints never fail a run)" if hints else ""
+        return "All checks passed!" + shown
+    also = f" (and {_counted(hints, 'hint')})" if hints else ""
+    lines = [f"Found {_counted(total, 'error')}{also}."]
     if context.unchecked:
         files = f"{context.unchecked} file{'s' if context.unchecked != 1 else ''}"
         lines.append(f"{files} could not be checked (see the errors above).")
@@ -87,3 +92,7 @@ def summary(diagnostics: list[Diagnostic], context: Context) -> str:
     elif hidden:
         lines.append(f"No fixes available{hint}.")
     return "\n".join(lines)
+
+
+def _counted(count: int, noun: str) -> str:
+    return f"{count} {noun}{'s' if count != 1 else ''}"

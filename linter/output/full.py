@@ -35,7 +35,7 @@ def header(diagnostic: Diagnostic, context: Context) -> list[Segment]:
     segments = [
         (diagnostic.path, "bold"),
         (f"{location}: ", "cyan"),
-        (diagnostic.code, "bold red"),
+        (diagnostic.code, "bold blue" if diagnostic.is_hint else "bold red"),
         (" ", ""),
     ]
     if fixable(diagnostic, context):

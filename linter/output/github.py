@@ -19,6 +19,16 @@ def _property(text: str) -> str:
     return _data(text).replace(":", "%3A").replace(",", "%2C")
 
 
+# GitHub's annotation levels: a hint is a notice, never an error.
+_COMMANDS = {"error": "error", "warning": "warning", "info": "notice"}
+
+
+def _command(diagnostic: Diagnostic) -> str:
+    from linter.output.json_format import rule_severity
+
+    return _COMMANDS[diagnostic.severity or rule_severity(diagnostic.code)]
+
+
 def line(diagnostic: Diagnostic, context: Context | None = None) -> str:
     cell, diagnostic = placed(diagnostic, context or Context())
     start, end = diagnostic.start, diagnostic.end
@@ -35,7 +45,7 @@ def line(diagnostic: Diagnostic, context: Context | None = None) -> str:
     )
     if cell is not None:
         text = f"cell {cell}: {text}"
-    return f"::error {properties}::{_data(text)}"
+    return f"::{_command(diagnostic)} {properties}::{_data(text)}"
 
 
 def render(diagnostics: list[Diagnostic], context: Context) -> str:
