@@ -24,17 +24,21 @@ unscaled contributions are divided by the loss scale and effectively vanish.
 
 ## Example
 ```python
+from accelerate import Accelerator
 accelerator = Accelerator(mixed_precision="fp16", gradient_accumulation_steps=4)
+model, opt, dl = accelerator.prepare(model, opt, dl)
 for batch in dl:
     with accelerator.accumulate(model):
         loss = model(**batch).loss
-        loss.backward()
+        loss.backward()                 # no 1/4, no loss scale
         opt.step(); opt.zero_grad()
 ```
 
 ## Use instead
 ```python
+from accelerate import Accelerator
 accelerator = Accelerator(mixed_precision="fp16", gradient_accumulation_steps=4)
+model, opt, dl = accelerator.prepare(model, opt, dl)
 for batch in dl:
     with accelerator.accumulate(model):
         loss = model(**batch).loss

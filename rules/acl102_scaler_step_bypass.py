@@ -29,17 +29,27 @@ scale), steps with inf/NaN gradients are not skipped, and the scale never adapts
 
 ## Example
 ```python
-scaler.scale(loss).backward()
-opt.step()                      # applies S * g
-opt.zero_grad()
+import torch
+scaler = torch.amp.GradScaler("cuda")
+for x, y in dl:
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = crit(model(x), y)
+    scaler.scale(loss).backward()
+    opt.step()                      # applies S * g
+    opt.zero_grad()
 ```
 
 ## Use instead
 ```python
-scaler.scale(loss).backward()
-scaler.step(opt)                # unscales, skips inf/nan steps
-scaler.update()
-opt.zero_grad()
+import torch
+scaler = torch.amp.GradScaler("cuda")
+for x, y in dl:
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = crit(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(opt)                # unscales, skips inf/nan steps
+    scaler.update()
+    opt.zero_grad()
 ```
 
 ## Fix safety

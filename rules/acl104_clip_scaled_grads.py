@@ -41,17 +41,27 @@ different factors.
 
 ## Example
 ```python
-scaler.scale(loss).backward()
-torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-scaler.step(opt); scaler.update()
+import torch
+scaler = torch.amp.GradScaler("cuda")
+for x, y in dl:
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = crit(model(x), y)
+    scaler.scale(loss).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)     # clips S * g
+    scaler.step(opt); scaler.update(); opt.zero_grad()
 ```
 
 ## Use instead
 ```python
-scaler.scale(loss).backward()
-scaler.unscale_(opt)
-torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-scaler.step(opt); scaler.update()
+import torch
+scaler = torch.amp.GradScaler("cuda")
+for x, y in dl:
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = crit(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(opt); scaler.update(); opt.zero_grad()
 ```
 
 ## Fix safety

@@ -29,18 +29,22 @@ float16, so users who meant bf16 get fp16 with no scaler (on CPU the default is 
 
 ## Example
 ```python
-with torch.autocast("cuda"):             # float16 by default
-    loss = crit(model(x), y)
-loss.backward()
-opt.step()
+import torch
+for x, y in dl:
+    with torch.autocast("cuda"):             # float16 by default
+        loss = crit(model(x), y)
+    loss.backward()
+    opt.step(); opt.zero_grad()
 ```
 
 ## Use instead
 ```python
-with torch.autocast("cuda", dtype=torch.bfloat16):   # or fp16 plus a GradScaler
-    loss = crit(model(x), y)
-loss.backward()
-opt.step()
+import torch
+for x, y in dl:
+    with torch.autocast("cuda", dtype=torch.bfloat16):   # or fp16 plus a GradScaler
+        loss = crit(model(x), y)
+    loss.backward()
+    opt.step(); opt.zero_grad()
 ```
 
 ## Fix safety

@@ -28,17 +28,26 @@ or it switches dtype halfway through a computation.
 
 ## Example
 ```python
+import torch
+from accelerate import Accelerator
 accelerator = Accelerator(mixed_precision="fp16")
-model = accelerator.prepare(model)
-with torch.autocast("cuda", dtype=torch.float16):
-    loss = info_nce(model(x), temperature=0.05)     # loss math in fp16
+model, opt, dl = accelerator.prepare(model, opt, dl)
+for x, y in dl:
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = info_nce(model(x), temperature=0.05)     # loss math in fp16
+    accelerator.backward(loss)
+    opt.step(); opt.zero_grad()
 ```
 
 ## Use instead
 ```python
+from accelerate import Accelerator
 accelerator = Accelerator(mixed_precision="fp16")
-model = accelerator.prepare(model)
-loss = info_nce(model(x), temperature=0.05)         # fp32 outputs, fp32 loss
+model, opt, dl = accelerator.prepare(model, opt, dl)
+for x, y in dl:
+    loss = info_nce(model(x), temperature=0.05)         # fp32 outputs, fp32 loss
+    accelerator.backward(loss)
+    opt.step(); opt.zero_grad()
 ```
 
 ## Fix safety

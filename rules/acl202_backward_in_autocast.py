@@ -29,16 +29,24 @@ a backward.
 
 ## Example
 ```python
-with torch.autocast("cuda", dtype=torch.float16):
-    loss = crit(model(x), y)
-    scaler.scale(loss).backward()
+import torch
+scaler = torch.amp.GradScaler("cuda")
+for x, y in dl:
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = crit(model(x), y)
+        scaler.scale(loss).backward()
+    scaler.step(opt); scaler.update(); opt.zero_grad()
 ```
 
 ## Use instead
 ```python
-with torch.autocast("cuda", dtype=torch.float16):
-    loss = crit(model(x), y)
-scaler.scale(loss).backward()
+import torch
+scaler = torch.amp.GradScaler("cuda")
+for x, y in dl:
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = crit(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(opt); scaler.update(); opt.zero_grad()
 ```
 
 ## Fix safety

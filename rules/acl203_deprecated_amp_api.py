@@ -39,6 +39,7 @@ with autocast(use_amp):
 
 ## Use instead
 ```python
+import torch
 scaler = torch.amp.GradScaler("cuda", 2.0**14)
 with torch.amp.autocast("cuda", enabled=use_amp):
     out = model(x)

@@ -35,16 +35,17 @@ so more steps are skipped.
 for i, (x, y) in enumerate(dl):
     loss = crit(model(x), y)
     loss.backward()                         # window sums N mean losses
-    if (i + 1) % N == 0:
+    if (i + 1) % N == 0 or i + 1 == len(dl):
         opt.step(); opt.zero_grad()
 ```
 
 ## Use instead
 ```python
 for i, (x, y) in enumerate(dl):
-    loss = crit(model(x), y) / N
+    loss = crit(model(x), y)
+    loss = loss / N
     loss.backward()
-    if (i + 1) % N == 0:
+    if (i + 1) % N == 0 or i + 1 == len(dl):
         opt.step(); opt.zero_grad()
 ```
 

@@ -33,19 +33,27 @@ extra clip also costs a norm reduction.
 
 ## Example
 ```python
-with accelerator.accumulate(model):
-    accelerator.backward(model(**batch).loss)
-    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-    opt.step(); opt.zero_grad()
+from accelerate import Accelerator
+accelerator = Accelerator(gradient_accumulation_steps=4)
+model, opt, dl = accelerator.prepare(model, opt, dl)
+for batch in dl:
+    with accelerator.accumulate(model):
+        accelerator.backward(model(**batch).loss)
+        accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        opt.step(); opt.zero_grad()
 ```
 
 ## Use instead
 ```python
-with accelerator.accumulate(model):
-    accelerator.backward(model(**batch).loss)
-    if accelerator.sync_gradients:
-        accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-    opt.step(); opt.zero_grad()
+from accelerate import Accelerator
+accelerator = Accelerator(gradient_accumulation_steps=4)
+model, opt, dl = accelerator.prepare(model, opt, dl)
+for batch in dl:
+    with accelerator.accumulate(model):
+        accelerator.backward(model(**batch).loss)
+        if accelerator.sync_gradients:
+            accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        opt.step(); opt.zero_grad()
 ```
 
 ## Fix safety

@@ -40,18 +40,20 @@ skipped step averages in a non-update.
 
 ## Example
 ```python
-loss.backward()
-if (i + 1) % N == 0:
-    opt.step(); opt.zero_grad()
-sched.step()                            # every micro-batch
+for i, (x, y) in enumerate(dl):
+    (crit(model(x), y) / N).backward()
+    if (i + 1) % N == 0 or i + 1 == len(dl):
+        opt.step(); opt.zero_grad()
+    sched.step()                            # every micro-batch
 ```
 
 ## Use instead
 ```python
-loss.backward()
-if (i + 1) % N == 0:
-    opt.step(); opt.zero_grad()
-    sched.step()
+for i, (x, y) in enumerate(dl):
+    (crit(model(x), y) / N).backward()
+    if (i + 1) % N == 0 or i + 1 == len(dl):
+        opt.step(); opt.zero_grad()
+        sched.step()
 ```
 
 ## Fix safety

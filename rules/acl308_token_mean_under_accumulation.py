@@ -36,14 +36,24 @@ batches have none.
 
 ## Example
 ```python
-with accelerator.accumulate(model):
-    logits = model(batch["input_ids"]).logits
-    loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
-    accelerator.backward(loss)              # per-micro-batch mean, then /N
+import torch.nn.functional as F
+from accelerate import Accelerator
+accelerator = Accelerator(gradient_accumulation_steps=N)
+model, opt, dl = accelerator.prepare(model, opt, dl)
+for batch in dl:
+    with accelerator.accumulate(model):
+        logits = model(batch["input_ids"]).logits.flatten(0, 1)
+        loss = F.cross_entropy(logits, batch["labels"].flatten(), ignore_index=-100)
+        accelerator.backward(loss)              # per-micro-batch mean, then /N
+        opt.step(); opt.zero_grad()
 ```
 
 ## Use instead
 ```python
+import torch.nn.functional as F
+from accelerate import Accelerator
+accelerator = Accelerator(gradient_accumulation_steps=N)
+model, opt, dl = accelerator.prepare(model, opt, dl)
 # window: the N batches of this optimizer step, fetched up front (labels pre-shifted)
 n_tok = accelerator.gather(sum((b["labels"] != -100).sum() for b in window)).sum()
 for b in window:
@@ -51,6 +61,7 @@ for b in window:
         logits = model(b["input_ids"]).logits.flatten(0, 1)
         s = F.cross_entropy(logits, b["labels"].flatten(), reduction="sum")
         accelerator.backward(s * N * accelerator.num_processes / n_tok)  # undo /N and DDP's mean
+        opt.step(); opt.zero_grad()
 ```
 
 ## Fix safety

@@ -29,16 +29,16 @@ steps.
 
 ## Example
 ```python
-for step, batch in enumerate(dl):
-    accelerator.backward(model(**batch).loss / N)
-    if step % N == 0:
+for step, (x, y) in enumerate(dl):
+    (crit(model(x), y) / N).backward()
+    if step % N == 0 or step + 1 == len(dl):        # fires after the first batch
         opt.step(); opt.zero_grad()
 ```
 
 ## Use instead
 ```python
-for step, batch in enumerate(dl):
-    accelerator.backward(model(**batch).loss / N)
+for step, (x, y) in enumerate(dl):
+    (crit(model(x), y) / N).backward()
     if (step + 1) % N == 0 or step + 1 == len(dl):
         opt.step(); opt.zero_grad()
 ```

@@ -47,19 +47,26 @@ reads the flag during the forward.
 
 ## Example
 ```python
+from torch.nn.parallel import DistributedDataParallel as DDP
+ddp_model = DDP(model, device_ids=[rank])
 for i, (x, y) in enumerate(dl):
+    last = (i + 1) % N == 0 or i + 1 == len(dl)
     loss = crit(ddp_model(x), y) / N
     with ddp_model.no_sync():               # too late: forward already ran
         loss.backward()
-    if (i + 1) % N == 0: opt.step(); opt.zero_grad()
+    if last: opt.step(); opt.zero_grad()
 ```
 
 ## Use instead
 ```python
+from contextlib import nullcontext
+from torch.nn.parallel import DistributedDataParallel as DDP
+ddp_model = DDP(model, device_ids=[rank])
 for i, (x, y) in enumerate(dl):
-    last = (i + 1) % N == 0
+    last = (i + 1) % N == 0 or i + 1 == len(dl)
     with nullcontext() if last else ddp_model.no_sync():
-        (crit(ddp_model(x), y) / N).backward()
+        loss = crit(ddp_model(x), y) / N
+        loss.backward()
     if last: opt.step(); opt.zero_grad()
 ```
 

@@ -28,15 +28,25 @@ and on 8 GPUs. All-reducing and dividing a detached copy for logging is fine.
 
 ## Example
 ```python
-loss = crit(ddp_model(x), y)
-loss = loss / dist.get_world_size()         # DDP already averages
-loss.backward()
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+ddp_model = DDP(model, device_ids=[rank])
+for x, y in dl:
+    loss = crit(ddp_model(x), y)
+    loss = loss / dist.get_world_size()         # DDP already averages
+    loss.backward()
+    opt.step(); opt.zero_grad()
 ```
 
 ## Use instead
 ```python
-loss = crit(ddp_model(x), y)
-loss.backward()                             # averaged across ranks by DDP
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+ddp_model = DDP(model, device_ids=[rank])
+for x, y in dl:
+    loss = crit(ddp_model(x), y)
+    loss.backward()                             # averaged across ranks by DDP
+    opt.step(); opt.zero_grad()
 ```
 
 ## Fix safety

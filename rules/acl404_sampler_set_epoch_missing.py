@@ -32,19 +32,25 @@ just with less shuffling than intended.
 
 ## Example
 ```python
+from torch.utils.data import DataLoader, DistributedSampler
 sampler = DistributedSampler(train_ds, shuffle=True)
 dl = DataLoader(train_ds, batch_size=32, sampler=sampler)
 for epoch in range(epochs):
-    for x, y in dl: train_step(x, y)
+    for x, y in dl:
+        crit(model(x), y).backward()
+        opt.step(); opt.zero_grad()
 ```
 
 ## Use instead
 ```python
+from torch.utils.data import DataLoader, DistributedSampler
 sampler = DistributedSampler(train_ds, shuffle=True)
 dl = DataLoader(train_ds, batch_size=32, sampler=sampler)
 for epoch in range(epochs):
     sampler.set_epoch(epoch)
-    for x, y in dl: train_step(x, y)
+    for x, y in dl:
+        crit(model(x), y).backward()
+        opt.step(); opt.zero_grad()
 ```
 
 ## Fix safety

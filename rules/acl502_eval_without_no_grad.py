@@ -33,6 +33,7 @@ off and BatchNorm frozen for the rest of training. The last two fail silently.
 
 ## Example
 ```python
+import torch
 def validate(model, loader):
     model.eval()
     return sum(crit(model(x), y).item() for x, y in loader) / len(loader)
@@ -41,6 +42,7 @@ def validate(model, loader):
 
 ## Use instead
 ```python
+import torch
 @torch.no_grad()
 def validate(model, loader):
     model.eval()

@@ -29,12 +29,18 @@ repeats micro-batches on resume. It is a warning because only resumed runs are a
 
 ## Example
 ```python
+import torch
+scaler = torch.amp.GradScaler("cuda")
+...
 torch.save({"model": model.state_dict(),
             "optimizer": opt.state_dict()}, path)
 ```
 
 ## Use instead
 ```python
+import torch
+scaler = torch.amp.GradScaler("cuda")
+...
 torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
             "scheduler": sched.state_dict(), "scaler": scaler.state_dict()}, path)
 ```

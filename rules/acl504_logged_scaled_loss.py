@@ -39,19 +39,26 @@ which slows training. Training itself is unaffected, hence a warning.
 
 ## Example
 ```python
-loss = crit(model(x), y) / N
-loss.backward()
-writer.add_scalar("train/loss", loss.item(), step)     # N x too small, syncs every micro-step
+for i, (x, y) in enumerate(dl):
+    loss = crit(model(x), y) / N
+    loss.backward()
+    writer.add_scalar("train/loss", loss.item(), i)     # N x too small, syncs every micro-step
+    if (i + 1) % N == 0 or i + 1 == len(dl):
+        opt.step(); opt.zero_grad()
 ```
 
 ## Use instead
 ```python
-loss = crit(model(x), y)
-window_sum += loss.detach()                           # stays on the device
-(loss / N).backward()
-if (i + 1) % N == 0:
-    writer.add_scalar("train/loss", (window_sum / N).item(), step)
-    window_sum = torch.zeros_like(window_sum)
+import torch
+window_sum = torch.zeros(())
+for i, (x, y) in enumerate(dl):
+    loss = crit(model(x), y)
+    window_sum += loss.detach()                          # stays on the device
+    (loss / N).backward()
+    if (i + 1) % N == 0 or i + 1 == len(dl):
+        opt.step(); opt.zero_grad()
+        writer.add_scalar("train/loss", (window_sum / N).item(), i)
+        window_sum = torch.zeros_like(window_sum)
 ```
 
 ## Fix safety

@@ -33,7 +33,7 @@ torch.nn.utils.clip_grad_norm_(params, 1.0)      # empty: nothing clipped
 
 ## Use instead
 ```python
-params = [p for p in model.parameters() if p.requires_grad]
+params = list(filter(lambda p: p.requires_grad, model.parameters()))
 opt = torch.optim.AdamW(params, lr=1e-4)
 ...
 torch.nn.utils.clip_grad_norm_(params, 1.0)
