@@ -17,7 +17,9 @@ def check(ctx) -> None:
             if _divided_elsewhere_on_its_path(model, loop, site):
                 continue
             gate = model.gate_for(loop, site.stmt)
-            if not _manual_accumulation(gate) or model.regions_around(site.stmt, "accumulate"):
+            if not _manual_accumulation(model, gate):
+                continue
+            if model.regions_around(site.stmt, "accumulate"):
                 continue
             if model.on_update_step(loop, site.stmt):
                 continue
@@ -47,10 +49,10 @@ def _handed_k(flow, gate) -> bool:
     return any(dotted(a.value) == head for call in flow.opaque for a in call.args)
 
 
-def _manual_accumulation(gate) -> bool:
+def _manual_accumulation(model, gate) -> bool:
     if gate is None or gate.k is None or gate.kind not in ("modulo", "counter", "micro-loop"):
         return False
-    value = int_value(gate.k)
+    value = model.int_value(gate.k)
     return value is None or value > 1
 
 

@@ -7,7 +7,7 @@ import libcst as cst
 from linter.checks import _moves as moves
 from linter.context import make_fix
 from linter.model import windows
-from linter.model.cst_util import code, dotted, int_value, walk
+from linter.model.cst_util import code, dotted, walk
 
 
 def check(ctx) -> None:
@@ -27,7 +27,7 @@ def check(ctx) -> None:
                 found.append((site, f"{receiver}.sync_gradients", f"`{receiver}.accumulate`"))
             else:
                 gate = model.gate_for(loop, site.stmt)
-                if _gated_manually(gate, site):
+                if _gated_manually(model, gate, site):
                     found.append((site, _condition(gate), "a manual accumulation loop"))
                     gates[id(site)] = gate
         for run in _runs(found):
@@ -37,7 +37,7 @@ def check(ctx) -> None:
 def _accumulates_once(model, receiver) -> bool:
     """An engine built with a literal `gradient_accumulation_steps=1`: every step syncs."""
     engine = model.setup.engines.get(receiver or "")
-    value = int_value(engine.accum) if engine is not None else None
+    value = model.int_value(engine.accum) if engine is not None else None
     return value is not None and value <= 1
 
 
@@ -59,10 +59,11 @@ def _runs(found):
     return runs
 
 
-def _gated_manually(gate, site) -> bool:
+def _gated_manually(model, gate, site) -> bool:
     if gate is None or gate.kind == "accumulate":
         return False
-    if int_value(gate.k) is not None and int_value(gate.k) <= 1:
+    value = model.int_value(gate.k)
+    if value is not None and value <= 1:
         return False
     if gate.kind == "micro-loop":
         return any(f.node is gate.node for f in site.stmt.frames)

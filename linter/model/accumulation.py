@@ -56,6 +56,7 @@ class Configured:
     kind: str  # "accelerate" | "guard" | "deepspeed"
     value: cst.BaseExpression | None
     known: bool  # False when the configuration is out of sight (`**kwargs`, a JSON file)
+    number: int | None = None  # the value's integer, when the module fixes it (`ACCUM = 4`)
 
     @property
     def accumulates(self) -> bool | None:
@@ -64,8 +65,7 @@ class Configured:
             return None
         if self.value is None:
             return False
-        number = int_value(self.value)
-        return number is None or number > 1
+        return self.number is None or self.number > 1
 
 
 def configurations(model) -> dict[str, Configured]:
@@ -81,10 +81,12 @@ def _configurations(model) -> dict[str, Configured]:
                 value = _positional_plugin_steps(model, engine.node)
             hidden = has_star_kwargs(engine.node) or _opaque_plugin(model, engine.node)
             known = value is not None or not hidden
-            found[name] = Configured(name, engine.kind, value, known)
+            found[name] = Configured(name, engine.kind, value, known, model.int_value(value))
         elif engine.kind == "deepspeed":
             value = _deepspeed_k(model)
-            found[name] = Configured(name, "deepspeed", value, value is not None)
+            found[name] = Configured(
+                name, "deepspeed", value, value is not None, model.int_value(value)
+            )
     return found
 
 

@@ -17,7 +17,7 @@ from linter.model import (
     schedules,
     windows,
 )
-from linter.model.cst_util import code, int_value
+from linter.model.cst_util import code
 
 # A step function called once per batch is described as kind "step function".
 _LOOP_KINDS = {"For": "for", "While": "while", "FunctionDef": "step function"}
@@ -116,7 +116,7 @@ def _accumulation(model: Model, loop: TrainingLoop) -> dict | None:
         }.get(gate.kind, gate.kind)
         return {
             "k": code(gate.k),
-            "value": int_value(gate.k),
+            "value": model.int_value(gate.k),
             "source": source,
             "line": _line(model, gate.k),
         }
@@ -124,7 +124,7 @@ def _accumulation(model: Model, loop: TrainingLoop) -> dict | None:
     if k is not None:
         return {
             "k": code(k),
-            "value": int_value(k),
+            "value": model.int_value(k),
             "source": "gradient_accumulation_steps of the engine",
             "line": _line(model, k),
         }

@@ -16,6 +16,7 @@ import ast
 
 import libcst as cst
 
+from linter.model import constants
 from linter.model.callgraph import CallGraph
 from linter.model.cst_util import method_call
 from linter.model.dataflow import Flow, trace_loss
@@ -184,3 +185,8 @@ class Model:
 
     def line(self, node: cst.CSTNode) -> int:
         return self.positions.line(node)
+
+    def int_value(self, node: cst.CSTNode | None) -> int | None:
+        """The integer an expression is known to hold: a literal, or a name the module binds
+        once to one (`ACCUM_STEPS = 4`), so K's value reads the same wherever K is named."""
+        return constants.int_value(self, node)

@@ -15,7 +15,6 @@ from linter.model.cst_util import (
     children,
     code,
     dotted,
-    int_value,
     is_false,
     last_part,
     method_call,
@@ -63,7 +62,8 @@ def accumulates(model) -> bool:
     gate's K, other than the literal 1)."""
     values = [e.accum for e in engines(model) if e.accum is not None]
     values += [loop.gate.k for loop in model.loops if loop.gate is not None]
-    return any(k is not None and (int_value(k) is None or int_value(k) > 1) for k in values)
+    numbers = [model.int_value(k) for k in values if k is not None]
+    return any(number is None or number > 1 for number in numbers)
 
 
 def _build_param_casts(model) -> list[ParamCast]:

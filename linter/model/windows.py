@@ -51,6 +51,7 @@ class WindowGate:
     base: IndexBase | None
     last_batch_clause: bool  # `or i + 1 == len(dl)`, `or is_last`, `or accelerator.sync_gradients`
     before_backward: bool  # the gate runs before this micro-batch's backward
+    k_value: int | None = None  # K's value, when the module fixes it (`ACCUM_STEPS = 4`)
 
     @property
     def k(self) -> cst.BaseExpression:
@@ -67,7 +68,7 @@ class WindowGate:
             return None
         expected = 0 if self.before_backward else 1
         error = self.base.first + self.offset - self.remainder - expected
-        k = int_value(self.k)
+        k = self.k_value
         if k is not None and k > 1:
             error %= k
             error = error - k if error > k // 2 else error
@@ -121,6 +122,7 @@ def _window_gate(model, loop: TrainingLoop, gate: Gate) -> WindowGate | None:
         base=None,
         last_batch_clause=len(alternatives) > 1 or _mentions_sync(condition),
         before_backward=_before_backward(model, loop, scope, around, inside),
+        k_value=model.int_value(modulo.right),
     )
     if window.index is not None and around is not None:
         window.base = _enumerate_base(around, window.index, scope) or _counter_base(
@@ -365,7 +367,7 @@ def manual_window(model, loop: TrainingLoop, stmt: Stmt) -> Gate | None:
     gate = model.gate_for(loop, stmt)
     if gate is None or gate.kind not in MANUAL_GATES or gate.k is None:
         return None
-    value = int_value(gate.k)
+    value = model.int_value(gate.k)
     if value is not None and value <= 1:
         return None
     if _accumulates(model, loop):
@@ -417,7 +419,7 @@ def accumulates_more_than_once(model, receiver: str | None) -> bool:
         return True
     if engine.accum is None:
         return engine.node is None
-    value = int_value(engine.accum)
+    value = model.int_value(engine.accum)
     return value is None or value > 1
 
 
