@@ -13,7 +13,7 @@ def check(ctx) -> None:
         return
     seen = set()  # one dict saved to `last.pt` and `best.pt` is one finding
     for checkpoint in checkpoints(model):
-        if checkpoint.kind != "torch.save" or not checkpoint.complete:
+        if checkpoint.kind != "torch.save" or not checkpoint.fully_visible:
             continue
         if checkpoint.binding is not None and id(checkpoint.binding) in seen:
             continue

@@ -31,7 +31,9 @@ class Checkpoint:
     kind: str  # "torch.save" | "engine"
     keys: list[str] = field(default_factory=list)  # key texts, in the order they were added
     values: list[cst.BaseExpression] = field(default_factory=list)
-    complete: bool = True  # False when part of the dict cannot be seen (`**extra`, a helper)
+    # Whether every entry of the saved dict can be read here; False for `**extra`, a helper's
+    # result, a dict handed to a call before the save. Says nothing about what the dict holds.
+    fully_visible: bool = True
     binding: Stmt | None = None  # `ckpt = {...}` when the save names a dict built before it
 
     def state_dicts_of(self, predicate) -> list[str]:
@@ -64,7 +66,7 @@ def _find_checkpoints(model) -> list[Checkpoint]:
     for call in model.calls:
         qual = model.imports.qualify(call.call.func) or ""
         if call.method in _ENGINE_SAVES and model.engine_for(call.receiver, call.stmt.scope):
-            found.append(Checkpoint(call.call, call.stmt, "engine", complete=False))
+            found.append(Checkpoint(call.call, call.stmt, "engine", fully_visible=False))
         elif qual in _SAVE_FUNCTIONS and positional(call.call):
             found.append(_torch_save(model, call))
     return sorted(found, key=lambda c: c.stmt.order)
@@ -84,7 +86,7 @@ def _read_state(model, value, stmt: Stmt, checkpoint: Checkpoint, depth: int) ->
     elif isinstance(value, cst.Name) and depth < 3:
         _read_named_state(model, value.value, stmt, checkpoint, depth)
     else:
-        checkpoint.complete = False  # `model.state_dict()` alone, a helper's result, ...
+        checkpoint.fully_visible = False  # `model.state_dict()` alone, a helper's result, ...
         checkpoint.values.append(value)
 
 
@@ -94,7 +96,7 @@ def _read_dict(node: cst.Dict, checkpoint: Checkpoint) -> None:
             checkpoint.keys.append(_key_text(element.key))
             checkpoint.values.append(element.value)
         else:
-            checkpoint.complete = False  # `**extra`
+            checkpoint.fully_visible = False  # `**extra`
             checkpoint.values.append(element.value)
 
 
@@ -104,7 +106,7 @@ def _read_dict_call(call: cst.Call, checkpoint: Checkpoint) -> None:
             checkpoint.keys.append(arg.keyword.value)
             checkpoint.values.append(arg.value)
         else:
-            checkpoint.complete = False
+            checkpoint.fully_visible = False
             checkpoint.values.append(arg.value)
 
 
@@ -113,7 +115,7 @@ def _read_named_state(model, name: str, stmt: Stmt, checkpoint: Checkpoint, dept
     scope = stmt.scope
     defs = [d for d in scope.defs_before(name, stmt.order) if d.op == "="]
     if not defs or defs[-1].tuple_index is not None:
-        checkpoint.complete = False
+        checkpoint.fully_visible = False
         return
     start = defs[-1]
     if checkpoint.binding is None:
@@ -123,7 +125,7 @@ def _read_named_state(model, name: str, stmt: Stmt, checkpoint: Checkpoint, dept
         if start.stmt.order < between.order < stmt.order:
             _read_addition(between.node, name, checkpoint)
             if _hands_over(between.node, name):
-                checkpoint.complete = False  # `callback.on_save(ckpt)` may add the scaler
+                checkpoint.fully_visible = False  # `callback.on_save(ckpt)` may add the scaler
 
 
 def _read_addition(node, name: str, checkpoint: Checkpoint) -> None:
@@ -146,7 +148,7 @@ def _read_addition(node, name: str, checkpoint: Checkpoint) -> None:
                     checkpoint.keys.append(arg.keyword.value)
                     checkpoint.values.append(arg.value)
                 else:
-                    checkpoint.complete = False
+                    checkpoint.fully_visible = False
                     checkpoint.values.append(arg.value)
 
 
@@ -181,6 +183,6 @@ def describe(model) -> list[dict]:
         entry = {"kind": checkpoint.kind, "line": model.line(checkpoint.call)}
         if checkpoint.kind == "torch.save":
             entry["keys"] = [k for k in checkpoint.keys if k]
-            entry["complete"] = checkpoint.complete
+            entry["fully_visible"] = checkpoint.fully_visible
         entries.append(entry)
     return entries

@@ -328,3 +328,31 @@ def test_argument_sites_of_a_methods_self_is_empty_not_a_crash():
     (method,) = [s for s in model.scopes if s.name == "get_batch"]
     assert model.argument_sites(method, "self") == []
     assert [code(e) for e, _ in model.argument_sites(method, "batch_size")] == ["8"]
+
+
+def test_describe_checkpoints_says_whether_the_saved_dict_is_fully_visible():
+    """`fully_visible` is about what the linter can read, not about what the dict holds: a literal
+    dict without the scaler is fully visible (and ACL503 reports the missing scaler), one grown
+    from `**extra` is not."""
+    source = textwrap.dedent(
+        """
+        import torch
+
+        scaler = torch.amp.GradScaler("cuda")
+        for images, labels in train_loader:
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = criterion(model(images), labels)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "last.pt")
+        torch.save({"model": model.state_dict(), **extra_state}, "extra.pt")
+        """
+    )
+    assert describe_loops(source, "train.py")["checkpoints"] == [
+        {"kind": "torch.save", "line": 12, "keys": ["model", "optimizer"], "fully_visible": True},
+        {"kind": "torch.save", "line": 13, "keys": ["model"], "fully_visible": False},
+    ]
+    found = analyze_source(source, "train.py", ["ACL503"])
+    assert [(d.code, d.start.line, d.start.column) for d in found] == [("ACL503", 12, 0)]
