@@ -34,6 +34,23 @@ USAGE = "usage: python -m guard [-m MODULE | SCRIPT | --explain CODE] [ARGS ...]
 
 
 def main(argv: list[str]) -> int:
+    """The exit status; a closed output pipe (`| head`) ends the command quietly, as it should."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        _silence_stdout()
+        return 1
+
+
+def _silence_stdout() -> None:
+    """Python flushes stdout again at exit: point it at devnull so that flush cannot fail."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+def _main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__ if argv else USAGE, file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
@@ -45,6 +62,10 @@ def main(argv: list[str]) -> int:
     if argv[0] == "-m" and len(argv) < 2:
         print(USAGE, file=sys.stderr)
         return 2
+    problem = _cannot_run(argv)
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 1 if argv[0] == "-m" else 2
     try:
         if argv[0] == "-m":
             run_script(argv[1], argv[2:], module=True)
@@ -54,6 +75,33 @@ def main(argv: list[str]) -> int:
         print_error(error)
         return 1
     return 0
+
+
+def _cannot_run(argv: list[str]) -> str | None:
+    """Python's own message when the script or module does not exist (exit 2 or 1, as
+    `python missing.py` and `python -m missing` do), instead of a traceback through the guard."""
+    import os
+
+    if argv[0] != "-m":
+        path = argv[0]
+        if os.path.isfile(path) or os.path.isdir(path):
+            return None
+        return (
+            f"{_program()}: can't open file {os.path.abspath(path)!r}: "
+            "[Errno 2] No such file or directory"
+        )
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(argv[1])
+    except (ImportError, ValueError):
+        found = None
+    return None if found is not None else f"{_program()}: No module named {argv[1]}"
+
+
+def _program() -> str:
+    """The interpreter as the user typed it (`python`), as Python names itself in errors."""
+    return (getattr(sys, "orig_argv", None) or [sys.executable])[0]
 
 
 def _explain(codes: list[str]) -> int:

@@ -176,7 +176,31 @@ def _settings_from_env() -> _Settings:
             f"ACCEL_GUARD={mode!r} is not raise|warn|off; using raise", GuardWarning, stacklevel=2
         )
         mode = "raise"
-    return _Settings(mode=mode, report_path=os.environ.get("ACCEL_GUARD_REPORT") or None)
+    return _Settings(mode=mode, report_path=_writable(os.environ.get("ACCEL_GUARD_REPORT")))
+
+
+def _writable(report_paths: str | None) -> str | None:
+    """The report paths whose folder exists or can be made now, when the guard starts: a path
+    that cannot be written is said at once, not found out at exit (when the run is over)."""
+    kept = []
+    for path in (report_paths or "").split(os.pathsep):
+        if not path:
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as exc:
+            _say_unwritable(path, f"cannot create its folder {folder}: {exc.strerror or exc}")
+            continue
+        if not os.access(folder, os.W_OK):
+            _say_unwritable(path, f"its folder {folder} is not writable")
+            continue
+        kept.append(path)
+    return os.pathsep.join(kept) or None
+
+
+def _say_unwritable(path: str, reason: str) -> None:
+    sys.stderr.write(f"accel-guard: no run report will be written to {path}: {reason}\n")
 
 
 _state.settings = _settings_from_env()
@@ -202,7 +226,7 @@ def configure(
     if ignore is not None:
         s.ignore = tuple(ignore)
     if report_path is not None:  # "" turns the report off again
-        s.report_path = report_path or None
+        s.report_path = _writable(report_path)
         _start_recording()
     s.options.update(options)
 
@@ -390,9 +414,17 @@ def _at_exit() -> None:
     if s.report_path:
         for path in s.report_path.split(os.pathsep):
             if path:
-                write_report(path)
+                _write_or_say(path)
     if s.mode == "warn" and findings():
         _voice.print_summary(findings(), sys.stderr)
+
+
+def _write_or_say(path: str) -> None:
+    """A report that cannot be written at exit is said in one line: the summary still comes."""
+    try:
+        write_report(path)
+    except OSError as exc:
+        _say_unwritable(path, exc.strerror or str(exc))
 
 
 atexit.register(_at_exit)

@@ -78,3 +78,48 @@ def test_explain_prints_the_shared_catalogue_text(capsys):
 
     assert main(["--explain", "ACL101"]) == 0
     assert ALL_RULES["ACL101"].summary in capsys.readouterr().out
+
+
+def test_a_missing_script_gets_pythons_own_message_and_exit_2(tmp_path):
+    missing = tmp_path / "missing.py"
+    python = subprocess.run([sys.executable, str(missing)], capture_output=True, text=True)
+    proc = _run([str(missing)], "raise", tmp_path)
+    assert (proc.returncode, python.returncode) == (2, 2)
+    assert proc.stderr.strip() == python.stderr.strip()
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_missing_module_is_one_line_and_exit_1(tmp_path):
+    proc = _run(["-m", "no_such_package.train"], "raise", tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().endswith(": No module named no_such_package.train")
+    assert "Traceback" not in proc.stderr
+
+
+def test_an_unwritable_report_path_is_said_at_start_and_the_summary_still_comes(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    report = blocker / "sub" / "run.html"  # its folder cannot exist: a file is in the way
+    proc = _run([str(BAD_102)], "warn", tmp_path, ACCEL_GUARD_REPORT=str(report))
+    assert proc.returncode == 0
+    assert f"accel-guard: no run report will be written to {report}: cannot create" in proc.stderr
+    assert "accel-guard summary" in proc.stderr
+    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_report_folder_that_does_not_exist_yet_is_made(tmp_path):
+    report = tmp_path / "new" / "folder" / "run.json"
+    proc = _run([str(BAD_102)], "warn", tmp_path, ACCEL_GUARD_REPORT=str(report))
+    assert proc.returncode == 0, proc.stderr
+    assert "ACL102" in {finding["code"] for finding in json.loads(report.read_text())["findings"]}
+
+
+def test_a_closed_pipe_ends_explain_quietly():
+    from rules import ALL_RULES
+
+    command = [sys.executable, "-m", "guard", "--explain", *ALL_RULES]  # more than a pipe holds
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.read(10)
+    proc.stdout.close()  # as `| head -c 10` does
+    _, stderr = proc.communicate(timeout=60)
+    assert b"BrokenPipeError" not in stderr and b"Traceback" not in stderr
