@@ -6,7 +6,7 @@ RULE = Rule(
     code="ACL105",
     name="scaler-with-bf16",
     summary="a GradScaler under bf16 gains nothing, can hide real infs and crashes on bf16 params",
-    severity="error",
+    severity="warning",
     fix="unsafe",
     runtime="full",
     static=True,
@@ -21,11 +21,18 @@ dtype) or an Accelerator / guard engine with `mixed_precision="bf16"`, and no fp
 `.half()`, `args.fp16` or `"fp16"` choice). A scaler whose `enabled=` follows the fp16 choice, or
 is switched by something else (`torch.cuda.is_available()`), is left alone.
 
+It is a warning when the trained parameters are fp32 (the usual autocast setup: wasted work, the
+results are right), and an error when the file trains a model cast to bf16 (`.bfloat16()`,
+`.to(torch.bfloat16)`, `torch_dtype=torch.bfloat16`, parameters reaching an optimizer, not
+frozen) with a CUDA scaler, where `unscale_` fails.
+
 ## Why is this bad?
 bf16 has the exponent range of fp32: its gradients do not underflow, so loss scaling gains
-nothing. The scaler still costs an inf check and a host sync every step, can silently skip steps
-that hold a genuine inf (hiding a real bug), and with bf16 parameters it crashes at the first step
-because the unscale kernel is not implemented for BFloat16.
+nothing. The scaler still costs an inf check and a host sync every step, and can silently skip
+steps that hold a genuine inf (hiding a real bug). With bf16 parameters the gradients are bf16
+too, and torch's CUDA unscale kernel (`_amp_foreach_non_finite_check_and_unscale_cuda`) is not
+implemented for BFloat16, so the first `unscale_` or `step` raises (the CPU kernel accepts
+bf16).
 
 ## Example
 ```python
@@ -52,8 +59,8 @@ breaks, and a run that relied on the scaler to skip non-finite steps now applies
 ACL601).
 
 ## At runtime
-The engine refuses to create a scaler when its precision is bf16. For a user scaler, the guard
-checks at `scaler.scale` / `scaler.step` whether the last forward ran under bf16 autocast or
-whether trainable parameters are bf16, and reports ACL105.
+The engine refuses a scaler when its precision is bf16 (an error). For a user scaler, the guard
+warns at `scaler.scale` when the last forward ran under bf16 autocast, and at `unscale_` /
+`scaler.step` when trainable parameters are bf16.
 """,
 )

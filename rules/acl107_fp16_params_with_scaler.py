@@ -30,6 +30,8 @@ fp16 parameters get fp16 gradients, and `GradScaler.unscale_` rejects them
 the run goes on, but updates smaller than about 2^-11 of a weight round away, and adding N
 micro-batch gradients into an fp16 or bf16 `.grad` loses low-order bits at every addition (bf16
 keeps only 8 significant bits), so precision loss grows with N.
+The first case is an error (the run stops at its first step); low-precision accumulation is a
+warning (precision is lost gradually, the run goes on).
 
 ## Example
 ```python

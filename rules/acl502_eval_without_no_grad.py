@@ -6,7 +6,7 @@ RULE = Rule(
     code="ACL502",
     name="eval-without-no-grad",
     summary="evaluation without `no_grad` / `model.eval()`, or training resumed in eval mode",
-    severity="error",
+    severity="warning",
     fix="none",
     runtime="partial",
     static=True,
@@ -30,6 +30,9 @@ Evaluating with gradients on records an autograd graph for every batch, wasting 
 and risking OOM. Evaluating without `model.eval()` keeps dropout active and lets BatchNorm update
 its running statistics from evaluation data. Forgetting `model.train()` afterwards leaves dropout
 off and BatchNorm frozen for the rest of training. The last two fail silently.
+Gradients alone are a warning: the results are right, only time and memory are wasted. A
+finding that includes a wrong mode (evaluation in training mode, or training resumed in eval
+mode) is an error.
 
 ## Example
 ```python

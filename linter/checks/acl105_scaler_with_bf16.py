@@ -5,8 +5,9 @@ from __future__ import annotations
 import libcst as cst
 
 from linter.context import RuleContext, make_fix
-from linter.model.cst_util import children, dotted, method_call, positional
-from linter.model.precision import bf16_sources, has_fp16_path, scalers_on_under_bf16
+from linter.model.cst_util import children, dotted, keyword, method_call, positional, string_value
+from linter.model.param_dtypes import param_casts
+from linter.model.precision import BF16, bf16_sources, has_fp16_path, scalers_on_under_bf16
 from linter.types import Edit, Position
 
 _ATOMS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript)
@@ -14,7 +15,8 @@ _ATOMS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript)
 
 def check(ctx: RuleContext) -> None:
     """Report scalers that are on whenever the run is bf16, when the module's only low
-    precision is bf16: a bf16 autocast or a bf16 engine, and nothing that runs fp16."""
+    precision is bf16: a bf16 autocast or a bf16 engine, and nothing that runs fp16. A warning
+    (wasted work), an error where `unscale_` fails: trained bf16 parameters on CUDA."""
     model = ctx.model
     scalers = scalers_on_under_bf16(model)
     if not scalers:
@@ -22,6 +24,7 @@ def check(ctx: RuleContext) -> None:
     sources = bf16_sources(model)
     if not sources or has_fp16_path(model):
         return
+    bf16_params = _trained_bf16(model)
     for scaler in scalers:
         fix = make_fix(
             f"Remove `{scaler.name}` and call the optimizer directly",
@@ -33,13 +36,52 @@ def check(ctx: RuleContext) -> None:
             if fix is not None
             else ("; it is used in other ways too (state_dict, arguments), so remove it by hand")
         )
+        crash = bf16_params if bf16_params and not _on_cpu(ctx, scaler.node) else None
         ctx.report(
             scaler.node,
-            f"GradScaler `{scaler.name}` in a bf16 run ({sources[0]}): bf16 has fp32's range, so "
-            "loss scaling gains nothing, adds a host sync per step and may skip steps that hold a "
-            f"real inf (drop the scaler: `loss.backward()`, `opt.step()`{how})",
+            f"GradScaler `{scaler.name}` in a bf16 run ({sources[0]}): "
+            + (_crash_text(ctx, crash) if crash else _waste_text())
+            + f" (drop the scaler: `loss.backward()`, `opt.step()`{how})",
             fix,
+            severity="error" if crash else None,
         )
+
+
+def _waste_text() -> str:
+    return (
+        "bf16 has fp32's range, so loss scaling gains nothing, adds a host sync per step and may "
+        "skip steps that hold a real inf"
+    )
+
+
+def _crash_text(ctx: RuleContext, cast) -> str:
+    return (
+        f"`{cast.name}` is trained in bf16 (line {ctx.line_of(cast.node)}), so its gradients are "
+        "bf16 and unscale_ fails at the first step (torch's CUDA unscale kernel is not "
+        "implemented for BFloat16); loss scaling gains nothing under bf16 anyway"
+    )
+
+
+def _trained_bf16(model):
+    """The first model cast to bf16 whose parameters an optimizer trains (not frozen)."""
+    for cast in param_casts(model):
+        if cast.dtype == BF16 and cast.trained and not cast.frozen:
+            return cast
+    return None
+
+
+def _on_cpu(ctx: RuleContext, construction) -> bool:
+    """`GradScaler("cpu")` / `torch.cpu.amp.GradScaler()`: the CPU kernel unscales bf16."""
+    if not isinstance(construction, cst.Call):
+        return False
+    qual = ctx.model.imports.qualify(construction.func) or ""
+    if qual.startswith("torch.cpu."):
+        return True
+    device = keyword(construction, "device")
+    args = positional(construction)
+    if device is None and args:
+        device = args[0]
+    return string_value(device) == "cpu" if device is not None else False
 
 
 # the fix: delete the construction, rewrite its uses ---------------------------------------------

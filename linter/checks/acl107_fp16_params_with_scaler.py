@@ -44,10 +44,12 @@ def _report_scaled(ctx: RuleContext, cast: ParamCast, scaler: str) -> None:
 
 
 def _report_accumulated(ctx: RuleContext, cast: ParamCast) -> None:
+    """A warning: precision is lost gradually, nothing fails (the guard's level too)."""
     ctx.report(
         cast.node,
         f"`{cast.name}` is trained in {cast.dtype} while gradients accumulate over several "
         f"micro-steps: each addition into the {cast.dtype} `.grad` drops low-order bits, so the "
         "precision loss grows with K (keep the trained weights in fp32, or accumulate in fp32 "
         "buffers)",
+        severity="warning",
     )

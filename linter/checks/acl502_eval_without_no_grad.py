@@ -13,7 +13,8 @@ from linter.model.evaluation import eval_contexts, grad_free
 
 def check(ctx) -> None:
     """One finding per evaluation: the first model call that builds a graph (or runs in train
-    mode), with a mode leak of the same function folded into its message."""
+    mode), with a mode leak of the same function folded into its message. Gradients alone are a
+    warning (memory and time wasted, the results are right); a wrong mode is an error."""
     model = ctx.model
     leaks = eval_mode_leaks(model)
     reported: set[int] = set()
@@ -40,9 +41,10 @@ def check(ctx) -> None:
         for leak in [k for k in leaks if _inside(context, k.eval_call.stmt)]:
             leaks.remove(leak)
             parts.append(_leak_text(leak))
-        ctx.report(first.call, "; ".join(parts))
+        wrong_mode = judged_mode or len(parts) > bool(with_grad)
+        ctx.report(first.call, "; ".join(parts), severity="error" if wrong_mode else None)
     for leak in leaks:
-        ctx.report(leak.eval_call.call, _leak_text(leak))
+        ctx.report(leak.eval_call.call, _leak_text(leak), severity="error")
 
 
 def _mode_never_set(model) -> bool:

@@ -196,3 +196,57 @@ def test_deprecated_scaler_under_bf16_composes_with_acl203(spelling):
     libcst.parse_module(unsafe)
     assert unsafe == textwrap.dedent(RAW_FIXED)
     assert analyse(unsafe) == []
+
+
+def test_fp32_parameters_under_a_scaler_are_a_warning(acl105):
+    """Autocast keeps the weights fp32: the scaler wastes a sync per step, the results are
+    right."""
+    (diagnostic,) = acl105.diagnostics(RAW)
+    assert diagnostic.severity is None  # the rule's own: a warning
+    assert __import__("rules").ALL_RULES["ACL105"].severity == "warning"
+    assert "gains nothing" in diagnostic.message
+
+
+BF16_MODEL = """
+import torch
+from accelerate import Accelerator
+from transformers import AutoModelForCausalLM
+
+accelerator = Accelerator(mixed_precision="bf16")
+model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.bfloat16)
+optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+scaler = torch.amp.GradScaler("cuda")
+for batch in loader:
+    scaler.scale(model(**batch).loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+"""
+
+
+def test_trained_bf16_parameters_under_a_cuda_scaler_are_an_error(acl105, at):
+    """bf16 gradients: torch's CUDA unscale kernel has no BFloat16 version, the first step
+    raises."""
+    (diagnostic,) = acl105.diagnostics(BF16_MODEL)
+    assert (diagnostic.start.line, diagnostic.start.column) == at(BF16_MODEL, "torch.amp.Grad")
+    assert diagnostic.severity == "error"
+    assert "`model` is trained in bf16 (line 7)" in diagnostic.message
+    half_cast = BF16_MODEL.replace(", torch_dtype=torch.bfloat16)", ").to(torch.bfloat16)")
+    assert acl105.diagnostics(half_cast)[0].severity == "error"
+
+
+def test_bf16_parameters_that_are_frozen_or_on_a_cpu_scaler_stay_a_warning(acl105, at):
+    frozen = BF16_MODEL.replace(
+        "model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.bfloat16)",
+        "model = AutoModelForCausalLM.from_pretrained(args.model)\n"
+        "text_encoder = CLIPTextModel.from_pretrained(args.model, torch_dtype=torch.bfloat16)\n"
+        "text_encoder.requires_grad_(False)",
+    )
+    assert "text_encoder.requires_grad_(False)" in frozen
+    assert acl105.findings(frozen) == [("ACL105", *at(frozen, "torch.amp.GradScaler("))]
+    assert acl105.diagnostics(frozen)[0].severity is None
+    for cpu in ('torch.amp.GradScaler("cpu")', 'torch.amp.GradScaler(device="cpu")'):
+        source = BF16_MODEL.replace('torch.amp.GradScaler("cuda")', cpu)
+        (diagnostic,) = acl105.diagnostics(source)
+        assert diagnostic.severity is None, cpu  # the CPU kernel unscales bf16

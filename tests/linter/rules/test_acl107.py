@@ -24,6 +24,8 @@ def test_half_model_trained_with_a_scaler(acl107, at):
     assert diagnostic.fix is None
     assert "`model` is cast to fp16" in diagnostic.message
     assert "GradScaler `scaler`" in diagnostic.message
+    assert diagnostic.severity is None  # the rule's own: unscale_ raises, an error
+    assert __import__("rules").ALL_RULES["ACL107"].severity == "error"
 
 
 def test_in_place_casts(acl107, at):
@@ -108,7 +110,9 @@ def test_bf16_weights_under_accumulation(acl107, at):
             opt.zero_grad()
     """
     assert acl107.findings(source) == [("ACL107", *at(source, "torch_dtype="))]
-    assert "accumulate" in acl107.diagnostics(source)[0].message
+    (diagnostic,) = acl107.diagnostics(source)
+    assert "accumulate" in diagnostic.message
+    assert diagnostic.severity == "warning"  # precision lost gradually, nothing fails
     once = source.replace("gradient_accumulation_steps=8", "gradient_accumulation_steps=1")
     assert acl107.findings(once) == []
 

@@ -37,6 +37,7 @@ def test_validate_without_no_grad_that_leaves_eval_mode_is_one_finding(acl502, a
         *at(VALIDATE, "model(x), y).item()"),
     )
     assert "gradients enabled" in finding.message and "model.train()" in finding.message
+    assert finding.severity == "error"  # the mode leak folded in: training continues in eval
 
 
 def test_eval_loop_over_a_val_loader_without_no_grad(acl502, at):
@@ -55,6 +56,9 @@ for epoch in range(3):
 """
     )
     assert acl502.findings(source) == [("ACL502", *at(source, "model(x), y)", 1))]
+    # gradients alone: time and memory wasted, the results are right
+    assert acl502.diagnostics(source)[0].severity is None
+    assert __import__("rules").ALL_RULES["ACL502"].severity == "warning"
 
 
 def test_trainer_method_named_evaluate(acl502, at):
@@ -88,6 +92,7 @@ for epoch in range(3):
 """
     )
     assert acl502.findings(source) == [("ACL502", *at(source, "model.eval()"))]
+    assert acl502.diagnostics(source)[0].severity == "error"
 
 
 def test_eval_mode_set_inside_a_helper_called_each_epoch(acl502, at):
@@ -127,6 +132,7 @@ for epoch in range(3):
     [finding] = acl502.diagnostics(source)
     assert (finding.start.line, finding.start.column) == at(source, "model(x), y)", 1)
     assert "no `.eval()`" in finding.message
+    assert finding.severity == "error"  # dropout on, BatchNorm updated from evaluation data
 
 
 GOOD_BODIES = {
