@@ -29,16 +29,24 @@ overflow.
 
 ## Example
 ```python
+import torch
+scaler = torch.amp.GradScaler("cuda")
 for x, y in dl:
-    scaler.scale(crit(model(x), y)).backward()
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = crit(model(x), y)
+    scaler.scale(loss).backward()
     scaler.step(opt)
     opt.zero_grad()             # scaler.update() missing
 ```
 
 ## Use instead
 ```python
+import torch
+scaler = torch.amp.GradScaler("cuda")
 for x, y in dl:
-    scaler.scale(crit(model(x), y)).backward()
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = crit(model(x), y)
+    scaler.scale(loss).backward()
     scaler.step(opt)
     scaler.update()
     opt.zero_grad()

@@ -36,19 +36,23 @@ bf16).
 
 ## Example
 ```python
+import torch
 scaler = torch.amp.GradScaler("cuda")
-with torch.autocast("cuda", dtype=torch.bfloat16):
-    loss = crit(model(x), y)
-scaler.scale(loss).backward()
-scaler.step(opt); scaler.update()
+for x, y in dl:
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = crit(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.step(opt); scaler.update(); opt.zero_grad()
 ```
 
 ## Use instead
 ```python
-with torch.autocast("cuda", dtype=torch.bfloat16):
-    loss = crit(model(x), y)
-loss.backward()
-opt.step()
+import torch
+for x, y in dl:
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = crit(model(x), y)
+    loss.backward()
+    opt.step(); opt.zero_grad()
 ```
 
 ## Fix safety

@@ -35,6 +35,9 @@ warning (precision is lost gradually, the run goes on).
 
 ## Example
 ```python
+import torch
+from accelerate import Accelerator
+from transformers import AutoModelForCausalLM
 model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.float16)
 accelerator = Accelerator(mixed_precision="fp16")
 model, opt = accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
@@ -42,6 +45,9 @@ model, opt = accelerator.prepare(model, torch.optim.AdamW(model.parameters()))
 
 ## Use instead
 ```python
+import torch
+from accelerate import Accelerator
+from transformers import AutoModelForCausalLM
 model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.float32)
 accelerator = Accelerator(mixed_precision="fp16")     # autocast does the fp16 math
 model, opt = accelerator.prepare(model, torch.optim.AdamW(model.parameters()))

@@ -32,6 +32,8 @@ and, in fp16, applies S-times scaled gradients with no inf check. The original s
 
 ## Example
 ```python
+from accelerate import Accelerator
+accelerator = Accelerator(gradient_accumulation_steps=4)
 model, p_opt, dl, p_sched = accelerator.prepare(model, opt, dl, sched)
 for batch in dl:
     with accelerator.accumulate(model):
@@ -41,6 +43,8 @@ for batch in dl:
 
 ## Use instead
 ```python
+from accelerate import Accelerator
+accelerator = Accelerator(gradient_accumulation_steps=4)
 model, p_opt, dl, p_sched = accelerator.prepare(model, opt, dl, sched)
 for batch in dl:
     with accelerator.accumulate(model):

@@ -29,18 +29,29 @@ in fp32.
 
 ## Example
 ```python
+import torch
+from accelerate import Accelerator
 accelerator = Accelerator(mixed_precision="bf16")
-logits = model(x)
-with torch.autocast("cuda"):                      # float16 by default
-    aux = kl_term(logits, teacher_logits)
+model, opt, dl = accelerator.prepare(model, opt, dl)
+for x, y in dl:
+    logits = model(x)
+    with torch.autocast("cuda"):                      # float16 by default
+        aux = kl_term(logits, teacher(x))
+    accelerator.backward(crit(logits, y) + aux)
+    opt.step(); opt.zero_grad()
 ```
 
 ## Use instead
 ```python
+from accelerate import Accelerator
 accelerator = Accelerator(mixed_precision="bf16")
-logits = model(x)
-with accelerator.autocast():                      # same dtype as the engine
-    aux = kl_term(logits, teacher_logits)
+model, opt, dl = accelerator.prepare(model, opt, dl)
+for x, y in dl:
+    logits = model(x)
+    with accelerator.autocast():                      # same dtype as the engine
+        aux = kl_term(logits, teacher(x))
+    accelerator.backward(crit(logits, y) + aux)
+    opt.step(); opt.zero_grad()
 ```
 
 ## Fix safety

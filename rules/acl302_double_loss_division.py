@@ -32,18 +32,26 @@ logged after the division also reads N times too small.
 
 ## Example
 ```python
+from accelerate import Accelerator
 accelerator = Accelerator(gradient_accumulation_steps=args.grad_accum)
-with accelerator.accumulate(model):
-    loss = model(**batch).loss / args.grad_accum
-    accelerator.backward(loss)              # divides again
+model, opt, dl = accelerator.prepare(model, opt, dl)
+for batch in dl:
+    with accelerator.accumulate(model):
+        loss = model(**batch).loss / args.grad_accum
+        accelerator.backward(loss)              # divides again
+        opt.step(); opt.zero_grad()
 ```
 
 ## Use instead
 ```python
+from accelerate import Accelerator
 accelerator = Accelerator(gradient_accumulation_steps=args.grad_accum)
-with accelerator.accumulate(model):
-    loss = model(**batch).loss
-    accelerator.backward(loss)              # the only division
+model, opt, dl = accelerator.prepare(model, opt, dl)
+for batch in dl:
+    with accelerator.accumulate(model):
+        loss = model(**batch).loss
+        accelerator.backward(loss)              # the only division
+        opt.step(); opt.zero_grad()
 ```
 
 ## Fix safety

@@ -30,6 +30,9 @@ micro-batches all the same.
 
 ## Example
 ```python
+from accelerate import Accelerator
+accelerator = Accelerator(gradient_accumulation_steps=4)
+model, opt, dl = accelerator.prepare(model, opt, dl)
 for batch in dl:
     with accelerator.accumulate(model):
         opt.zero_grad()                 # wipes the window on the sync step
@@ -39,6 +42,9 @@ for batch in dl:
 
 ## Use instead
 ```python
+from accelerate import Accelerator
+accelerator = Accelerator(gradient_accumulation_steps=4)
+model, opt, dl = accelerator.prepare(model, opt, dl)
 for batch in dl:
     with accelerator.accumulate(model):
         accelerator.backward(model(**batch).loss)

@@ -28,6 +28,7 @@ run takes N times more optimizer steps than its schedule was sized for.
 
 ## Example
 ```python
+from accelerate import Accelerator
 accelerator = Accelerator(gradient_accumulation_steps=4)
 model, opt, dl = accelerator.prepare(model, opt, dl)
 for batch in dl:
@@ -37,6 +38,7 @@ for batch in dl:
 
 ## Use instead
 ```python
+from accelerate import Accelerator
 accelerator = Accelerator(gradient_accumulation_steps=4)
 model, opt, dl = accelerator.prepare(model, opt, dl)
 for batch in dl:

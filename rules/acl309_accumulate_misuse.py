@@ -35,6 +35,9 @@ the last outer batch syncs on every inner step.
 
 ## Example
 ```python
+from accelerate import Accelerator
+accelerator = Accelerator(gradient_accumulation_steps=4)
+encoder, head, opt, dl = accelerator.prepare(encoder, head, opt, dl)
 for batch in dl:
     with accelerator.accumulate(encoder):
         feats = encoder(batch["x"])
@@ -45,6 +48,9 @@ for batch in dl:
 
 ## Use instead
 ```python
+from accelerate import Accelerator
+accelerator = Accelerator(gradient_accumulation_steps=4)
+encoder, head, opt, dl = accelerator.prepare(encoder, head, opt, dl)
 for batch in dl:
     with accelerator.accumulate(encoder, head):  # one tick, both models
         accelerator.backward(crit(head(encoder(batch["x"])), batch["y"]))

@@ -42,13 +42,20 @@ compound.
 
 ## Example
 ```python
+from accelerate import Accelerator
+from transformers import get_linear_schedule_with_warmup
+accelerator = Accelerator(gradient_accumulation_steps=N)
 model, opt, dl = accelerator.prepare(model, opt, dl)
-sched = get_linear_schedule_with_warmup(opt, 500, len(dl) * epochs)   # per-process length
+sched = get_linear_schedule_with_warmup(opt, 500, len(dl) * epochs)   # per-process micro-batches
 sched = accelerator.prepare(sched)          # stepped W times per update
 ```
 
 ## Use instead
 ```python
+import math
+from accelerate import Accelerator
+from transformers import get_linear_schedule_with_warmup
+accelerator = Accelerator(gradient_accumulation_steps=N)
 steps = math.ceil(len(dl) / N) * epochs     # dl not prepared yet: global batches
 sched = get_linear_schedule_with_warmup(opt, 500 * accelerator.num_processes, steps)
 model, opt, dl, sched = accelerator.prepare(model, opt, dl, sched)

@@ -28,12 +28,14 @@ because a deliberately tuned λ is the user's call.
 
 ## Example
 ```python
+import torch
 opt = torch.optim.AdamW(model.parameters(), lr=3e-4,
                         weight_decay=0.1 * args.grad_accum)    # decay N x stronger
 ```
 
 ## Use instead
 ```python
+import torch
 opt = torch.optim.AdamW(model.parameters(), lr=3e-4,
                         weight_decay=0.1)                      # as in the large-batch run
 ```

@@ -27,6 +27,7 @@ short, or the learning rate is scaled for a batch that never exists.
 
 ## Example
 ```python
+from transformers import get_linear_schedule_with_warmup
 total_steps = len(dl) * epochs // args.gradient_accumulation_steps
 sched = get_linear_schedule_with_warmup(opt, 100, total_steps)
 for batch in dl:
@@ -36,6 +37,8 @@ for batch in dl:
 
 ## Use instead
 ```python
+import math
+from transformers import get_linear_schedule_with_warmup
 # either accumulate for real (shown), or drop K from the step and batch arithmetic
 K = args.gradient_accumulation_steps
 total_steps = math.ceil(len(dl) / K) * epochs

@@ -30,6 +30,10 @@ predictions that were never gathered describes only this process's 1/W shard.
 
 ## Example
 ```python
+import torch
+from accelerate import Accelerator
+accelerator = Accelerator()
+model, eval_dl = accelerator.prepare(model, eval_dl)
 for batch in eval_dl:
     with torch.no_grad():
         preds = model(**batch).logits.argmax(-1)
@@ -39,6 +43,10 @@ for batch in eval_dl:
 
 ## Use instead
 ```python
+import torch
+from accelerate import Accelerator
+accelerator = Accelerator()
+model, eval_dl = accelerator.prepare(model, eval_dl)
 for batch in eval_dl:
     with torch.no_grad():
         preds = model(**batch).logits.argmax(-1)

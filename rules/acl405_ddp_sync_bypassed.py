@@ -30,6 +30,7 @@ covers the micro-step that steps.
 
 ## Example
 ```python
+from torch.nn.parallel import DistributedDataParallel as DDP
 model = DDP(net, device_ids=[rank])
 for batch in dl:
     loss = model.module(batch).mean()       # DDP hooks bypassed
@@ -38,6 +39,7 @@ for batch in dl:
 
 ## Use instead
 ```python
+from torch.nn.parallel import DistributedDataParallel as DDP
 model = DDP(net, device_ids=[rank])
 for batch in dl:
     loss = model(batch).mean()

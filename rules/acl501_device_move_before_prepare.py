@@ -34,6 +34,8 @@ on different devices. The move is redundant anyway: `prepare` places the model o
 
 ## Example
 ```python
+import torch
+from accelerate import Accelerator
 model = Net().cuda()                        # every rank -> cuda:0
 opt = torch.optim.AdamW(model.parameters())
 accelerator = Accelerator()
@@ -42,6 +44,8 @@ model, opt = accelerator.prepare(model, opt)
 
 ## Use instead
 ```python
+import torch
+from accelerate import Accelerator
 model = Net()                               # prepare() moves it to accelerator.device
 opt = torch.optim.AdamW(model.parameters())
 accelerator = Accelerator()

@@ -25,6 +25,7 @@ receives an empty iterator: clipping silently does nothing and the returned norm
 
 ## Example
 ```python
+import torch
 params = filter(lambda p: p.requires_grad, model.parameters())
 opt = torch.optim.AdamW(params, lr=1e-4)
 ...
@@ -33,6 +34,7 @@ torch.nn.utils.clip_grad_norm_(params, 1.0)      # empty: nothing clipped
 
 ## Use instead
 ```python
+import torch
 params = list(filter(lambda p: p.requires_grad, model.parameters()))
 opt = torch.optim.AdamW(params, lr=1e-4)
 ...
