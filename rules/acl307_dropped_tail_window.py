@@ -18,8 +18,17 @@ bound to a name, `is_update = ...`, or as an early `if (i + 1) % K != 0: continu
 the `enumerate` index of a loop over a loader with a length (a name, or one wrapped in `tqdm`)
 and the condition has no other way to the update step (`or i + 1 == len(dl)`, `or is_last`,
 `or accelerator.sync_gradients`). Left alone: counters (`global_step % K`), `while` loops and
-`enumerate(cycle(dl))` / `enumerate(iter(dl))`, where windows may span epochs on purpose; an
-optimizer step after the loop that flushes the tail; `accumulate()`.
+`enumerate(cycle(dl))` / `enumerate(iter(dl))`, where windows may span epochs on purpose; loaders
+without a length (a DataLoader over an `IterableDataset`, a streaming or `to_iterable_dataset()`
+dataset, a generator), on which `len()` raises; one pass over the loader ended by a step budget
+(`if iter_num > max_iters: break` and no epoch loop), which has no epoch tail; a K above 1 only
+under DeepSpeed (`K = cfg["gradient_accumulation_steps"] if accelerator.state.deepspeed_plugin
+else 1`), whose engine steps itself; an optimizer step after the loop that flushes the tail;
+`accumulate()`.
+
+The message counts what the gate leaves after its last update of a pass: `len(dl) % K` for
+`(i + 1) % K == 0` and `i % K == K - 1` over a 0-based index, `(len(dl) - 1) % K` for
+`i % K == 0`, one more when the gate runs before the batch's backward.
 
 ## Why is this bad?
 When len(dl) % N = r is not 0, the last r micro-batches of each epoch do not reach the optimizer in
@@ -49,8 +58,8 @@ for epoch in range(epochs):
 ## Fix safety
 Unsafe. `or <index> + 1 == len(<loader>)` is appended to the gate. That adds an optimizer step per
 epoch (changing schedule progress and step-based logging), and the tail is still divided by N
-(weight r/N, as in Accelerate). Not applied when the loader has no `len` or the loop does not
-`enumerate` the loader.
+(weight r/N, as in Accelerate). Never offered for a loader that may have no `len` (no finding
+there), nor when the loop does not `enumerate` the loader or the gate runs before the backward.
 
 ## At runtime
 When a pass over a sized loader ends with micro-batches that no step consumed, the guard notes the

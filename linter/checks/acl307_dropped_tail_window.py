@@ -19,12 +19,15 @@ def check(ctx) -> None:
 def _drops_tail(model, window) -> bool:
     """The gate reads the `enumerate` index of a loop over a loader with a length and has no
     last-batch clause. Left alone: counters kept across epochs (`global_step % K`) and loops
-    over iterables without a length, where windows span epochs on purpose; `accumulate()`,
-    which flushes the tail of a prepared loader; a step elsewhere that flushes the tail."""
+    over iterables without a length, where windows span epochs on purpose; one pass over the
+    loader ended by a step budget (no epoch, so no epoch tail); `accumulate()`, which flushes
+    the tail of a prepared loader; a step elsewhere that flushes the tail."""
     base = window.base
     if base is None or base.source != "enumerate" or not base.sized:
         return False
     if window.last_batch_clause or windows.tail_flushed_elsewhere(model, window):
+        return False
+    if windows.single_pass(model, window) and windows.ends_on_a_budget(window):
         return False
     return not any(model.regions_around(s, "accumulate") for s in _gate_stmts(window))
 
@@ -50,16 +53,40 @@ def _report(ctx, window) -> None:
         joined = f"{text} or {last}" if holds else f"{text} and {last}"
         edit = ctx.replace(target, joined)
         fix = make_fix(f"Also step on the last batch (`{last}`)", edit, applicability="unsafe")
-    k = code(window.k)
+    left = _left_over(window, f"len({loader})")
+    if window.before_backward:
+        count = f"the last `{left}` micro-batches of each epoch (at least one)"
+    else:
+        count = f"the last `{left}` micro-batches of each epoch (whenever that is not 0)"
+    if windows.single_pass(ctx.model, window):
+        fate = "the loop is the only pass over the loader, so they are lost"
+    else:
+        fate = "they leak into the next epoch's first window, and the last epoch's are lost"
     ctx.report(
         target,
-        f"the step gate `{code(window.comparison)}` has no last-batch clause: when "
-        f"`len({loader})` is not a multiple of `{k}`, the last `len({loader}) % {k}` "
-        "micro-batches of each epoch never reach the optimizer in their epoch (they leak into "
-        "the next epoch's first window, and the last epoch's are lost)",
+        f"the step gate `{code(window.comparison)}` has no last-batch clause: {count} never "
+        f"reach the optimizer in their epoch ({fate})",
         fix,
         notes=notes,
     )
+
+
+def _left_over(window, length: str) -> str:
+    """What the gate leaves after its last update of a pass of `length` micro-batches.
+
+    The gate fires on the n-th micro-batch when n + c is a multiple of K, with c = first - 1 +
+    offset - remainder (`(i + 1) % K == 0` and `i % K == K - 1` over a 0-based index: c = 0;
+    `i % K == 0`: c = -1), so after the backward `(length + c) % K` remain; a gate before the
+    backward steps the micro-batches before its own, one more."""
+    c = window.base.first - 1 + window.offset - window.remainder
+    k = code(window.k)
+    if not isinstance(window.k, (cst.Name, cst.Attribute, cst.Subscript, cst.Integer)):
+        k = f"({k})"
+    if window.k_value is not None and window.k_value > 1:
+        c %= window.k_value
+    total = length if c == 0 else f"({length} {'+' if c > 0 else '-'} {abs(c)})"
+    left = f"{total} % {k}"
+    return f"{left} + 1" if window.before_backward else left
 
 
 def _last_index_test(window, loader: str, holds: bool) -> str:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from linter.model import iterables
 from linter.model.cst_util import code, dotted, int_value, keyword, positional, strip_parens
 from linter.model.functions import Def, Scope, Stmt
 from linter.model.loops import Gate, Site, TrainingLoop, same_path
@@ -19,8 +20,6 @@ from linter.model.loops import Gate, Site, TrainingLoop, same_path
 MANUAL_GATES = ("modulo", "counter", "micro-loop")
 # Wrappers that keep their iterable's length (`enumerate(tqdm(dl))`).
 _PROGRESS_WRAPPERS = ("tqdm", "track", "progress", "progressbar", "prefetch")
-# Iterables without a length, or that never end (`enumerate(cycle(dl))`).
-_ENDLESS = {"iter", "cycle", "itertools.cycle", "islice", "itertools.islice", "repeat", "zip"}
 _EMA_METHODS = ("update", "update_parameters", "step")
 
 
@@ -98,7 +97,7 @@ def _window_gate(model, loop: TrainingLoop, gate: Gate) -> WindowGate | None:
     can read (a remainder other than 0 or K - 1, a modulus compared the other way round)."""
     scope = gate.caller or loop.scope
     inside = [s for s in scope.stmts if any(f.node is gate.node for f in s.frames)]
-    if not inside or gate.test is None:
+    if not inside or gate.test is None or engine_only_k(model, gate.k, scope):
         return None
     condition = _resolve(gate.test, scope)
     alternatives = _alternatives(condition, gate.holds, scope)
@@ -125,7 +124,7 @@ def _window_gate(model, loop: TrainingLoop, gate: Gate) -> WindowGate | None:
         k_value=model.int_value(modulo.right),
     )
     if window.index is not None and around is not None:
-        window.base = _enumerate_base(around, window.index, scope) or _counter_base(
+        window.base = _enumerate_base(model, around, window.index, scope) or _counter_base(
             scope, around, window.index, gate, inside
         )
     return window
@@ -228,7 +227,7 @@ def _loop_around(stmt: Stmt, gate_node: cst.CSTNode) -> cst.CSTNode | None:
     return loops[-1] if loops else None
 
 
-def _enumerate_base(loop: cst.CSTNode, index: str, scope: Scope) -> IndexBase | None:
+def _enumerate_base(model, loop: cst.CSTNode, index: str, scope: Scope) -> IndexBase | None:
     """The base of `i` in `for i, batch in enumerate(loader[, start])`."""
     if not isinstance(loop, cst.For) or not isinstance(loop.iter, cst.Call):
         return None
@@ -243,25 +242,26 @@ def _enumerate_base(loop: cst.CSTNode, index: str, scope: Scope) -> IndexBase | 
     value = 0 if start is None else int_value(start)
     if value is None:
         return None
-    loader = _sized_loader(args[0], scope)
+    loader = _sized_loader(model, args[0], scope, loop)
     return IndexBase("enumerate", value, loader, loader is not None)
 
 
-def _sized_loader(iterable: cst.BaseExpression, scope: Scope) -> cst.BaseExpression | None:
+def _sized_loader(model, iterable, scope: Scope, loop: cst.For) -> cst.BaseExpression | None:
     """The loader behind `enumerate(dl)` / `enumerate(tqdm(dl))` when it has a length: not
-    `cycle(dl)` or `iter(dl)`, and not a name bound to one of them."""
+    `cycle(dl)` or `iter(dl)`, nor a loader over an `IterableDataset`, a streaming dataset or
+    a generator (`len()` raises on them), nor a name bound to one of them."""
     if isinstance(iterable, cst.Call):
         name = (dotted(iterable.func) or "").lower()
         if not any(w in name.rsplit(".", 1)[-1] for w in _PROGRESS_WRAPPERS):
             return None
         args = positional(iterable)
-        return _sized_loader(args[0], scope) if args else None
+        return _sized_loader(model, args[0], scope, loop) if args else None
     text = dotted(iterable)
     if text is None:
         return None
-    for d in scope.defs.get(text, []):
-        if isinstance(d.value, cst.Call) and (dotted(d.value.func) or "") in _ENDLESS:
-            return None
+    order = next((s.order for s in scope.stmts if any(f.node is loop for f in s.frames)), 0)
+    if iterables.may_have_no_length(model, iterable, scope, order):
+        return None
     return iterable
 
 
@@ -368,11 +368,64 @@ def manual_window(model, loop: TrainingLoop, stmt: Stmt) -> Gate | None:
     if gate is None or gate.kind not in MANUAL_GATES or gate.k is None:
         return None
     value = model.int_value(gate.k)
-    if value is not None and value <= 1:
+    if (value is not None and value <= 1) or engine_only_k(model, gate.k, loop.scope):
         return None
     if _accumulates(model, loop):
         return None  # prepared optimizers and schedulers act only on the engine's sync steps
     return gate
+
+
+def engine_only_k(model, k: cst.BaseExpression | None, scope: Scope) -> bool:
+    """K is above 1 only under DeepSpeed (`K = ds_config["gradient_accumulation_steps"] if
+    accelerator.state.deepspeed_plugin else 1`): there the engine accumulates and steps by
+    itself (the prepared optimizer's `step()` does nothing), and elsewhere K is 1, so the gate
+    makes no window."""
+    value = _bound_once(model, k, scope) if k is not None else None
+    if not isinstance(value, cst.IfExp):
+        return False
+    test, negated = strip_parens(value.test), False
+    while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        test, negated = strip_parens(test.expression), not negated
+    if "deepspeed" not in code(test).lower():
+        return False
+    return int_value(value.body if negated else value.orelse) == 1
+
+
+def _bound_once(model, expr: cst.BaseExpression, scope: Scope) -> cst.BaseExpression | None:
+    """The expression itself, or the one value a name is bound to (in its function, an
+    enclosing one, or the module)."""
+    expr = strip_parens(expr)
+    text = dotted(expr)
+    if text is None:
+        return expr
+    defs = []
+    while scope is not None and not defs:
+        defs = scope.defs.get(text, [])
+        scope = scope.parent
+    defs = defs or model.module_defs(text)
+    if len(defs) == 1 and defs[0].op == "=" and defs[0].tuple_index is None:
+        return strip_parens(defs[0].value)
+    return None
+
+
+def single_pass(model, window: WindowGate) -> bool:
+    """No epoch loop around the gate's loop, in its function or around the calls of it: the
+    loader is iterated once, so its end is the end of training."""
+    if window.loop is None or model.graph.called_in_loop(window.scope):
+        return False
+    stmts = _loop_stmts(window)
+    return bool(stmts) and stmts[0].loops().index(window.loop) == 0
+
+
+def ends_on_a_budget(window: WindowGate) -> bool:
+    """The gate's loop has a `break` of its own (`if iter_num > max_iters: break`)."""
+    return any(
+        isinstance(s.node, cst.Break) and s.loops()[-1] is window.loop for s in _loop_stmts(window)
+    )
+
+
+def _loop_stmts(window: WindowGate) -> list[Stmt]:
+    return [s for s in window.scope.stmts if any(f.node is window.loop for f in s.frames)]
 
 
 def _accumulates(model, loop: TrainingLoop) -> bool:

@@ -271,3 +271,248 @@ def test_trainer_loop_calling_a_training_step_method(acl307, at):
     assert acl307.findings(source) == [("ACL307", *at(source, "(step + 1) %"))]
     fixed = acl307.fixed(source, unsafe=True)
     assert "== 0 or step + 1 == len(self.train_dataloader):" in fixed
+
+
+def _message(acl307, source: str) -> str:
+    (diagnostic,) = acl307.diagnostics(source)
+    return diagnostic.message
+
+
+def test_message_counts_what_each_gate_spelling_leaves(acl307):
+    """After its last update a gate leaves `(len + c) % K` micro-batches, c = first - 1 +
+    offset - remainder: `len % K` for `(i + 1) % K == 0` and `i % K == K - 1`, `(len - 1) % K`
+    for `i % K == 0`; a gate before the backward leaves one more."""
+    cases = {
+        "(i + 1) % K == 0": "the last `len(dl) % K` micro-batches",
+        "i % K == K - 1": "the last `len(dl) % K` micro-batches",
+        "i % K == 0": "the last `(len(dl) - 1) % K` micro-batches",
+        "i % 4 == 3": "the last `len(dl) % 4` micro-batches",
+    }
+    for gate, left in cases.items():
+        source = RAW.replace("(i + 1) % N == 0", gate).replace("/ N", "/ K")
+        assert left in _message(acl307, source), gate
+    one_based = RAW.replace("enumerate(dl)", "enumerate(dl, start=1)").replace(
+        "(i + 1) % N == 0", "(i + 1) % 4 == 0"
+    )
+    assert "the last `(len(dl) + 1) % 4` micro-batches" in _message(acl307, one_based)
+    before = """
+    for epoch in range(epochs):
+        for i, (x, y) in enumerate(dl):
+            if i % K == 0:
+                opt.step()
+                opt.zero_grad()
+            (crit(model(x), y) / K).backward()
+    """
+    message = _message(acl307, before)
+    assert "the last `(len(dl) - 1) % K + 1` micro-batches of each epoch (at least one)" in message
+
+
+def test_message_of_a_single_pass_says_the_tail_is_lost(acl307, at):
+    source = """
+    def train(model, optimizer, train_loader, accum_steps):
+        for step, batch in enumerate(train_loader):
+            (model(**batch).loss / accum_steps).backward()
+            if (step + 1) % accum_steps == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+    assert acl307.findings(source) == [("ACL307", *at(source, "(step + 1) %"))]
+    assert "the only pass over the loader, so they are lost" in _message(acl307, source)
+
+
+ITERABLE = """
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+
+class PackedShards(IterableDataset):
+    def __init__(self, paths, block_size):
+        self.paths = paths
+        self.block_size = block_size
+
+    def __iter__(self):
+        for path in self.paths:
+            yield from torch.load(path).split(self.block_size)
+
+
+def main(args, model, optimizer):
+    train_dataset = PackedShards(args.shards, args.block_size)
+    train_dataloader = DataLoader(train_dataset, batch_size=args.batch_size, num_workers=4)
+    iter_num = 0
+    for it, batch in enumerate(train_dataloader):
+        loss = model(batch).loss / args.gradient_accumulation_steps
+        loss.backward()
+        if (it + 1) % args.gradient_accumulation_steps == 0:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            iter_num += 1
+        if iter_num > args.max_iters:
+            break
+"""
+
+
+def test_loaders_without_a_length(acl307):
+    """An epoch tail needs a loader that ends after `len(loader)` batches; `len()` raises on
+    these, so a last-batch clause could not even be written (issue 22)."""
+    assert acl307.findings(ITERABLE) == []
+    assert acl307.findings(ITERABLE.replace("iter_num > args.max_iters", "loss.isnan()")) == []
+    streaming = """
+    from datasets import load_dataset
+    from torch.utils.data import DataLoader
+
+    def train(args, model, optimizer, collate):
+        raw = load_dataset("HuggingFaceFW/fineweb", split="train", streaming=True)
+        train_dataset = raw.shuffle(seed=args.seed, buffer_size=10_000).map(tokenize)
+        train_dataloader = DataLoader(train_dataset, batch_size=8, collate_fn=collate)
+        for epoch in range(args.num_epochs):
+            for step, batch in enumerate(train_dataloader):
+                (model(**batch).loss / args.grad_accum).backward()
+                if (step + 1) % args.grad_accum == 0:
+                    optimizer.step()
+                    optimizer.zero_grad()
+    """
+    assert acl307.findings(streaming) == []
+    generator = """
+    import numpy as np
+
+    def batches(path, batch_size, seq_len):
+        data = np.memmap(path, dtype=np.uint16, mode="r")
+        while True:
+            yield sample(data, batch_size, seq_len)
+
+    def train(model, opt, cfg):
+        for epoch in range(cfg.epochs):
+            for i, (x, y) in enumerate(batches(cfg.train_bin, cfg.batch_size, cfg.seq_len)):
+                (model(x, y) / cfg.grad_accum_steps).backward()
+                if (i + 1) % cfg.grad_accum_steps == 0:
+                    opt.step()
+                    opt.zero_grad()
+    """
+    assert acl307.findings(generator) == []
+    prepared = """
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+
+    def main(args, model, optimizer, stream_dataset):
+        accelerator = Accelerator()
+        train_loader = DataLoader(stream_dataset.to_iterable_dataset(num_shards=64), batch_size=8)
+        model, optimizer, train_dl = accelerator.prepare(model, optimizer, train_loader)
+        for epoch in range(args.epochs):
+            for step, batch in enumerate(train_dl):
+                accelerator.backward(model(**batch).loss / args.gradient_accumulation_steps)
+                if (step + 1) % args.gradient_accumulation_steps == 0:
+                    optimizer.step()
+                    optimizer.zero_grad()
+    """
+    assert acl307.findings(prepared) == []
+
+
+def test_a_map_style_loader_still_drops_its_tail(acl307, at):
+    source = """
+    from torch.utils.data import DataLoader, Dataset
+
+    class Shards(Dataset):
+        def __init__(self, blocks):
+            self.blocks = blocks
+
+        def __len__(self):
+            return len(self.blocks)
+
+        def __getitem__(self, i):
+            return self.blocks[i]
+
+    def main(args, model, optimizer):
+        train_dataloader = DataLoader(Shards(args.blocks), batch_size=args.batch_size)
+        for epoch in range(args.epochs):
+            for it, batch in enumerate(train_dataloader):
+                (model(batch).loss / args.gradient_accumulation_steps).backward()
+                if (it + 1) % args.gradient_accumulation_steps == 0:
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+    """
+    assert acl307.findings(source) == [("ACL307", *at(source, "(it + 1) %"))]
+    assert "or it + 1 == len(train_dataloader):" in acl307.fixed(source, unsafe=True)
+
+
+def test_one_pass_ended_by_a_step_budget(acl307):
+    """No epoch loop and a step budget: the windows have no epoch boundary to straddle."""
+    source = """
+    def train(args, model, optimizer, train_dataloader):
+        completed_steps = 0
+        for step, batch in enumerate(train_dataloader):
+            loss = model(**batch).loss / args.gradient_accumulation_steps
+            loss.backward()
+            if step % args.gradient_accumulation_steps == args.gradient_accumulation_steps - 1:
+                optimizer.step()
+                optimizer.zero_grad()
+                completed_steps += 1
+            if completed_steps >= args.max_train_steps:
+                break
+    """
+    assert acl307.findings(source) == []
+
+
+def test_a_step_budget_inside_an_epoch_loop_still_drops_each_epoch_tail(acl307, at):
+    source = """
+    def train(args, model, optimizer, train_dataloader):
+        completed_steps = 0
+        for epoch in range(args.num_train_epochs):
+            for step, batch in enumerate(train_dataloader):
+                loss = model(**batch).loss / args.gradient_accumulation_steps
+                loss.backward()
+                if (step + 1) % args.gradient_accumulation_steps == 0:
+                    optimizer.step()
+                    optimizer.zero_grad()
+                    completed_steps += 1
+                if completed_steps >= args.max_train_steps:
+                    break
+    """
+    assert acl307.findings(source) == [("ACL307", *at(source, "(step + 1) %"))]
+
+
+DEEPSPEED = """
+from accelerate import Accelerator
+
+
+def train(args, ds_config, model, optimizer, train_dataloader, lr_scheduler):
+    accelerator = Accelerator()
+    model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(
+        model, optimizer, train_dataloader, lr_scheduler
+    )
+    grad_accum = (
+        ds_config["gradient_accumulation_steps"] if accelerator.state.deepspeed_plugin else 1
+    )
+    for epoch in range(args.num_train_epochs):
+        for step, batch in enumerate(train_dataloader):
+            loss = model(**batch).loss
+            accelerator.backward(loss)
+            if step % grad_accum == 0:
+                optimizer.step()
+                lr_scheduler.step()
+                optimizer.zero_grad()
+"""
+
+
+def test_a_gate_whose_k_exceeds_one_only_under_deepspeed(acl307):
+    """DeepSpeed's engine accumulates and steps itself (the prepared `step()` does nothing),
+    and without it K is 1: the gate makes no window (issue 22)."""
+    codes = ["ACL307", "ACL312", "ACL305", "ACL304"]
+    assert analyze_source(textwrap.dedent(DEEPSPEED), "snippet.py", codes) == []
+    inline = """
+    def train(args, model, optimizer, train_dataloader):
+        for epoch in range(args.epochs):
+            for step, batch in enumerate(train_dataloader):
+                (model(**batch).loss).backward()
+                if (step + 1) % (args.gradient_accumulation_steps if args.deepspeed else 1) == 0:
+                    optimizer.step()
+                    optimizer.zero_grad()
+    """
+    assert acl307.findings(inline) == []
+
+
+def test_a_k_above_one_without_deepspeed_is_a_window(acl307, at):
+    source = DEEPSPEED.replace(
+        'ds_config["gradient_accumulation_steps"] if accelerator.state.deepspeed_plugin else 1',
+        "1 if accelerator.state.deepspeed_plugin else args.gradient_accumulation_steps",
+    )
+    assert acl307.findings(source) == [("ACL307", *at(source, "step % grad_accum"))]
