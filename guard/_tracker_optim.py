@@ -170,6 +170,9 @@ class OptimizerPatches:
                     state=tracker.state(optimizer) if optimizer is not None else None,
                     via_wrapper=tracker.flags.sched_wrapper,
                 )
+            if args or kwargs or getattr(scheduler, "_step_count", 1) == 1:
+                # torch warns here (order of the first steps, a deprecated epoch argument)
+                return _report.warning_at_user_line(step, scheduler, *args, **kwargs)
             return step(scheduler, *args, **kwargs)
 
         _patch.patch(cls, "step", scheduler_step)

@@ -219,14 +219,11 @@ def _parameter_name(param) -> str:
 
 
 def _is_module(obj) -> bool:
-    """A module among the collector's objects. Weak proxies are skipped: a live one's module is
-    in the list itself, and a dead one raises ReferenceError on any use."""
-    if isinstance(obj, _PROXIES):
-        return False
-    return isinstance(obj, torch.nn.Module)
-
-
-_PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
+    """A module among the collector's objects, judged by its real type: `isinstance` reads
+    `obj.__class__`, which some objects answer with a warning of their own (torch.distributed's
+    deprecated `reduce_op`), and a weak proxy forwards (a dead one raises ReferenceError). A
+    live proxy's module is in the list itself."""
+    return issubclass(type(obj), torch.nn.Module)
 
 
 def _find_the_source() -> str:
