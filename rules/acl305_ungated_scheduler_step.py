@@ -23,8 +23,12 @@ Flags `sched.step()` that runs unconditionally on every micro-step of a manual a
 (variant a): outside the condition that guards `opt.step()`, or inside a `for micro_step in
 range(K)` loop. Left alone: `accumulate()` (a prepared scheduler is gated by the wrapper),
 schedulers stepped outside the batch loop (per epoch), calls with an argument
-(`ReduceLROnPlateau.step(metric)`, `step(epoch)`), and schedulers under any test (a skip test, an
-epoch-end test). As a hint (the message starts with `hint:`, no fix; off by default, shown with
+(`ReduceLROnPlateau.step(metric)`, `step(epoch)`), schedulers under any test (a skip test, an
+epoch-end test), and schedules sized in micro-steps on purpose: a length the scheduler is built
+with that counts micro-batches (`len(dl) * epochs` not divided by K, `num_training_steps=max_steps
+* K`, or a warm-up multiplied by K beside a bare count) matches stepping on every micro-step. A
+length in optimizer steps (divided by K, or `max_train_steps` computed from `len(dl) / K`) is
+named in the message. As a hint (the message starts with `hint:`, no fix; off by default, shown with
 `--hints` and never failing a run), it also flags `sched.step()` or an EMA update
 (`ema.update(...)`) in the same block right after `scaler.step()` / `scaler.update()` of a
 GradScaler that may be enabled (variant b). That is the shape of PyTorch's AMP recipe with a

@@ -29,8 +29,9 @@ and flags it (one finding, stating each reason) when:
 Not flagged: lengths computed from the loader before `prepare` (global batches; the values the
 HF examples recompute after `prepare` do not resize a scheduler already built), explicit step
 counts from configuration (`args.max_steps`), unprepared schedulers stepped by hand in the step
-branch and sized in per-process optimizer steps, and schedulers stepped on every micro-step
-(ACL305's finding).
+branch and sized in per-process optimizer steps, and schedulers stepped on every micro-step (a
+length in micro-batches, such as `len(dl) * epochs` or `max_steps * K`, matches that stepping;
+one in optimizer steps is ACL305's finding).
 
 ## Why is this bad?
 With `split_batches=False` (the default) a prepared scheduler steps W times per optimizer step,

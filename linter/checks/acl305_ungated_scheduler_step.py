@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from linter.checks import _moves
 from linter.context import make_fix
-from linter.model import windows
+from linter.model import schedules, windows
 from linter.model.cst_util import code
 
 
@@ -26,16 +26,27 @@ def _per_micro_step(model, loop, site) -> bool:
     """Stepped on every micro-step of a manual accumulation window. Left alone: loops without
     accumulation, `accumulate()` (a prepared scheduler is gated by the wrapper), schedulers
     stepped outside the batch loop (per epoch), metric-driven `ReduceLROnPlateau.step(metric)`,
-    and any scheduler under a test (a skip test, an epoch-end test)."""
+    any scheduler under a test (a skip test, an epoch-end test), and a schedule sized in
+    micro-steps on purpose (`num_training_steps=max_steps * K`, `len(dl) * epochs`), which
+    stepping every micro-step matches."""
     if windows.manual_window(model, loop, site.stmt) is None:
         return False
     if model.on_update_step(loop, site.stmt) or windows.is_plateau_step(model, site):
+        return False
+    if any(s.unit() == "micro" for s in schedules.sized_for(model, site)):
         return False
     return windows.runs_every_iteration(loop, site.stmt)
 
 
 def _report_ungated(ctx, loop, site) -> None:
     label = code(site.call.func)
+    sized = [s for s in schedules.sized_for(ctx.model, site) if s.unit() == "update"]
+    length = (
+        f" (`{sized[0].parameter}={code(sized[0].length)}` at line {ctx.line_of(sized[0].call)} "
+        "counts optimizer steps)"
+        if sized
+        else ""
+    )
     steps = windows.update_steps(ctx.model, loop, site.stmt)
     fix = None
     if steps:
@@ -46,7 +57,8 @@ def _report_ungated(ctx, loop, site) -> None:
     ctx.report(
         site.call,
         f"`{label}()` runs on every micro-step while the optimizer steps once per window: "
-        "the schedule advances K times per update (warm-up and decay run K times too fast)",
+        f"the schedule{length} advances K times per update (warm-up and decay run K times too "
+        "fast)",
         fix,
     )
 

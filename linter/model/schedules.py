@@ -74,6 +74,26 @@ class Schedule:
     loader_lengths: list[LoaderLength] = field(default_factory=list)
     prepare: cst.Call | None = None  # the later `prepare(...)` that takes the scheduler
     steps: list[tuple[TrainingLoop, Site]] = field(default_factory=list)
+    # net powers of K on the way to the length's other leaves (`args.max_steps * K`: 1)
+    count_k_powers: list[int] = field(default_factory=list)
+    warmup_k_powers: list[int] = field(default_factory=list)
+
+    def unit(self) -> str | None:
+        """What the length counts: "micro" (micro-batches: `len(dl) * epochs`, `max_steps * K`),
+        "update" (optimizer steps: `ceil(len(dl) / K) * epochs`, `max_steps // K`), or None
+        (a bare count such as `args.max_steps`, or mixed evidence). A warm-up multiplied by K
+        (`args.warmup * K`) beside a bare count marks micro-batches too."""
+        units = {"micro" if f.k_power >= 0 else "update" for f in self.loader_lengths}
+        units |= {_count_unit(p) for p in self.count_k_powers} - {None}
+        if not units:
+            units = {_count_unit(p) for p in self.warmup_k_powers} - {None}
+        return units.pop() if len(units) == 1 else None
+
+
+def _count_unit(k_power: int) -> str | None:
+    """A count that is not a loader's length is in micro-batches when multiplied by K, in
+    optimizer steps when divided by it, and unknown otherwise."""
+    return "micro" if k_power > 0 else "update" if k_power < 0 else None
 
 
 def schedules(model: Model) -> list[Schedule]:
@@ -89,7 +109,8 @@ def _build(model: Model) -> list[Schedule]:
             for d in defs:
                 if d.op != "=" or d.tuple_index is not None or not isinstance(d.value, cst.Call):
                     continue
-                if id(d.value) in built:
+                # the setup keeps one scheduler per name; each function may build its own
+                if id(d.value) in built or _is_constructor(model, d.value):
                     found.extend(_schedule(model, name, d.value, d.stmt, d.stmt))
                     continue
                 for call, where in _factory_returns(model, d.value, scope):
@@ -116,7 +137,14 @@ def _schedule(model: Model, name: str, call: cst.Call, where: Stmt, bound: Stmt)
         return []
     parameter, length = found
     schedule = Schedule(name, call, bound, length, parameter)
-    schedule.loader_lengths = _Lengths(model).of(length, where.scope, where.order, where)
+    lengths = _Lengths(model)
+    schedule.loader_lengths = lengths.of(length, where.scope, where.order, where)
+    schedule.count_k_powers = lengths.count_powers
+    warmup = _warmup_argument(model, call)
+    if warmup is not None:
+        warmups = _Lengths(model)
+        warmups.of(warmup, where.scope, where.order, where)
+        schedule.warmup_k_powers = warmups.count_powers
     schedule.prepare = _later_prepare(model, name, bound)
     names = {name} | {p.name for p in model.setup.prepared.values() if p.original == name}
     schedule.steps = [
@@ -126,6 +154,21 @@ def _schedule(model: Model, name: str, call: cst.Call, where: Stmt, bound: Stmt)
         if site.receiver in names
     ]
     return [schedule]
+
+
+def _is_constructor(model: Model, call: cst.Call) -> bool:
+    constructor = last_part(model.imports.qualify(call.func) or dotted(call.func))
+    return constructor in _LENGTH_PARAMETERS or bool(_WARMUP_FACTORY.match(constructor))
+
+
+def _warmup_argument(model: Model, call: cst.Call) -> cst.BaseExpression | None:
+    """`num_warmup_steps=` of `get_scheduler` and the `get_*_schedule_with_warmup` factories."""
+    constructor = last_part(model.imports.qualify(call.func) or dotted(call.func))
+    if constructor != "get_scheduler" and not _WARMUP_FACTORY.match(constructor):
+        return None
+    args = positional(call)
+    position = 2 if constructor == "get_scheduler" else 1
+    return keyword(call, "num_warmup_steps") or (args[position] if position < len(args) else None)
 
 
 def _length_argument(model: Model, call: cst.Call) -> tuple[str, cst.BaseExpression] | None:
@@ -163,11 +206,17 @@ class _Lengths:
         ks = _known_ks(model)
         self.known_k = {_short(e) for e in ks if not isinstance(e, cst.Integer)}
         self.literal_k = {code(e) for e in ks if isinstance(e, cst.Integer) and code(e) != "1"}
+        # the power of K on the way to each leaf that is not a loader's length: a parameter,
+        # a configuration value (`args.max_steps`, `cfg["max_steps"]`), a literal
+        self.count_powers: list[int] = []
 
     def of(self, node, scope: Scope, order: int, stmt: Stmt, k=0, w=0, depth=0) -> list:
         if depth > _MAX_DEPTH:
             return []
         node = strip_parens(node)
+        if isinstance(node, (cst.Integer, cst.Subscript)):
+            self.count_powers.append(k)
+            return []
         if isinstance(node, (cst.Name, cst.Attribute)) and dotted(node) is not None:
             return self._name(dotted(node), scope, order, k, w, depth)
         if isinstance(node, cst.Call):
@@ -223,8 +272,10 @@ class _Lengths:
                     return []
                 return self.of(d.value, d.stmt.scope, d.stmt.order, d.stmt, k, w, depth + 1)
             if text in scope.params:
+                self.count_powers.append(k)
                 return []
             scope, order = scope.parent, None
+        self.count_powers.append(k)
         return []
 
     def _prepared_before(self, text: str, scope: Scope, order: int, depth: int = 0) -> bool:
@@ -332,6 +383,15 @@ def _not_true(value: cst.BaseExpression) -> bool:
     return not (isinstance(value, cst.Name) and value.value == "True")
 
 
+def sized_for(model: Model, site: Site) -> list[Schedule]:
+    """The schedules this `sched.step()` advances: those built in its function when there
+    are any (steps are matched by name, and each of several functions may build its own
+    `lr_scheduler`), else those built elsewhere (`self.lr_scheduler`, a module-level one)."""
+    found = [s for s in schedules(model) if any(stepped is site for _, stepped in s.steps)]
+    here = [s for s in found if s.stmt.scope is site.stmt.scope]
+    return here or found
+
+
 def steps_per_update(model: Model, schedule: Schedule, loop: TrainingLoop, site: Site) -> bool:
     """Whether this `sched.step()` advances the schedule once per optimizer step: it sits on the
     update step, or the scheduler went through `prepare` and is stepped in an `accumulate()`
@@ -365,6 +425,7 @@ def describe(model: Model, loop: TrainingLoop) -> list[dict]:
             "line": model.line(schedule.call),
             "length": f"{schedule.parameter}={code(schedule.length)}",
             "prepared_at": model.line(schedule.prepare) if schedule.prepare else None,
+            "counts": schedule.unit(),
             "from": [
                 {
                     "len": code(found.call),

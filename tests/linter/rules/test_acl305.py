@@ -307,3 +307,63 @@ def test_with_acl304_both_calls_land_after_the_step():
                 sched.step()
         """
     )
+
+
+SIZED = """
+import math
+
+from transformers import get_scheduler
+
+
+def train(args, model, optimizer, train_dataloader):
+    LENGTH
+    lr_scheduler = get_scheduler(
+        args.lr_scheduler_type,
+        optimizer=optimizer,
+        num_warmup_steps=WARMUP,
+        num_training_steps=TOTAL,
+    )
+    for epoch in range(args.num_train_epochs):
+        for step, batch in enumerate(train_dataloader):
+            loss = model(**batch).loss / args.gradient_accumulation_steps
+            loss.backward()
+            last = step + 1 == len(train_dataloader)
+            if (step + 1) % args.gradient_accumulation_steps == 0 or last:
+                optimizer.step()
+                optimizer.zero_grad()
+            lr_scheduler.step()
+"""
+
+
+def sized(total: str, warmup: str = "args.num_warmup_steps", length: str = "pass") -> str:
+    return SIZED.replace("LENGTH", length).replace("WARMUP", warmup).replace("TOTAL", total)
+
+
+def test_schedule_sized_in_micro_steps_on_purpose(acl305):
+    """A length in micro-batches stepped on every micro-batch is consistent (issue 22)."""
+    K = "args.gradient_accumulation_steps"
+    for total, warmup in (
+        (f"args.max_steps * {K}", f"args.warmup_steps * {K}"),
+        ("len(train_dataloader) * args.num_train_epochs", "args.num_warmup_steps"),
+        ("args.max_steps", f"{K} * args.warmup_steps"),
+    ):
+        assert acl305.findings(sized(total, warmup)) == [], total
+
+
+def test_schedule_sized_in_optimizer_steps_stepped_every_micro_step(acl305, at):
+    length = (
+        "num_update_steps_per_epoch = math.ceil(len(train_dataloader) / "
+        "args.gradient_accumulation_steps)\n"
+        "    max_train_steps = args.num_train_epochs * num_update_steps_per_epoch"
+    )
+    source = sized("max_train_steps", length=length)
+    assert acl305.findings(source) == [("ACL305", *at(source, "lr_scheduler.step()"))]
+    (diagnostic,) = acl305.diagnostics(source)
+    assert "(`num_training_steps=max_train_steps` at line 10 counts optimizer steps)" in (
+        diagnostic.message
+    )
+    assert "                optimizer.zero_grad()\n                lr_scheduler.step()\n" in (
+        acl305.fixed(source)
+    )
+    divided = sized("args.max_steps // args.gradient_accumulation_steps")
+    assert acl305.findings(divided) == [("ACL305", *at(divided, "lr_scheduler.step()"))]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import textwrap
+
+from linter.analysis import analyze_source
+
 HEADER = """
 import math
 import torch
@@ -227,7 +231,9 @@ def test_no_accumulation_counts_batches(acl310):
     assert acl310.findings(source) == []
 
 
-def test_scheduler_stepped_on_every_micro_step_is_left_to_acl305(acl310):
+def test_scheduler_in_micro_batches_stepped_on_every_micro_step_is_consistent(acl310):
+    """Sized in micro-batches and stepped on each: the schedule ends with training (issue 22);
+    ACL305 reads the same length and stays silent too."""
     source = """
     import torch
 
@@ -241,6 +247,7 @@ def test_scheduler_stepped_on_every_micro_step_is_left_to_acl305(acl310):
                 opt.zero_grad()
     """
     assert acl310.findings(source) == []
+    assert analyze_source(textwrap.dedent(source), "snippet.py", ["ACL305"]) == []
 
 
 def test_epochs_over_loader_length_is_no_length(acl310):
@@ -304,3 +311,53 @@ def test_literal_k_divides_like_the_gate(acl310):
     """
     assert acl310.findings(source) == []
     assert acl310.findings(source.replace("len(loader) // 4", "len(loader)")) != []
+
+
+MICRO_STEPS = """
+from transformers import get_scheduler
+
+
+def train(args, model, optimizer, train_dataloader):
+    K = args.gradient_accumulation_steps
+    lr_scheduler = get_scheduler(
+        "cosine",
+        optimizer=optimizer,
+        num_warmup_steps=args.warmup_steps * K,
+        num_training_steps=args.max_steps * K,
+    )
+    for epoch in range(args.num_train_epochs):
+        for step, batch in enumerate(train_dataloader):
+            loss = model(**batch).loss / K
+            loss.backward()
+            if (step + 1) % K == 0 or step + 1 == len(train_dataloader):
+                optimizer.step()
+                optimizer.zero_grad()
+            lr_scheduler.step()
+"""
+
+
+def test_configured_steps_times_k_stepped_on_every_micro_step(acl310):
+    """`max_steps * K` stepped on each micro-step is a schedule in micro-steps on purpose."""
+    assert acl310.findings(MICRO_STEPS) == []
+    assert analyze_source(textwrap.dedent(MICRO_STEPS), "snippet.py", ["ACL305"]) == []
+
+
+def test_loader_length_stepped_only_on_the_update_step(acl310, at):
+    """The same micro-batch length stepped only when the optimizer steps runs K times slow."""
+    source = """
+    from transformers import get_linear_schedule_with_warmup
+
+    def train(args, model, optimizer, train_dataloader):
+        lr_scheduler = get_linear_schedule_with_warmup(
+            optimizer, args.num_warmup_steps, len(train_dataloader) * args.num_train_epochs
+        )
+        for epoch in range(args.num_train_epochs):
+            for step, batch in enumerate(train_dataloader):
+                loss = model(**batch).loss / args.gradient_accumulation_steps
+                loss.backward()
+                if (step + 1) % args.gradient_accumulation_steps == 0:
+                    optimizer.step()
+                    lr_scheduler.step()
+                    optimizer.zero_grad()
+    """
+    assert acl310.findings(source) == [("ACL310", *at(source, "len(train_dataloader) *"))]
