@@ -23,7 +23,12 @@ module, `prepare` and model wrappers. Not flagged: `reduction="sum"` (or `"none"
 a mean multiplied by its token count, models given `num_items_in_batch=`, sequence-level losses
 (unflattened classification logits), no accumulation, and token means in a module that never
 masks or pads labels (no `ignore_index`, `-100`, padding collator or `padding=`): texts packed
-into blocks of one length have the same token count in every micro-batch, hence no bias.
+into blocks of one length have the same token count in every micro-batch, hence no bias. The same
+holds for packed next-token pretraining, whose targets are the token stream shifted by one from
+the inputs (`x = data[:, :T]; y = data[:, 1:T + 1]`, `x, y = batch[:, :-1], batch[:, 1:]`,
+nanoGPT's `get_batch()`), when the `ignore_index` is absent or negative (no token id matches it),
+the targets are not masked afterwards and nothing in the module pads batches; a named
+`ignore_index` such as a pad id is still flagged.
 
 ## Why is this bad?
 The large-batch objective of a token-level loss is the sum of the token losses divided by the

@@ -213,6 +213,8 @@ class _TokenMeans:
     def _loss_function(self, node: cst.Call, qual: str, stmt: Stmt) -> list[TokenMean]:
         if not _mean_reduction(keyword(node, "reduction")):
             return []
+        if self._packed_next_tokens(node, keyword(node, "ignore_index"), stmt):
+            return []
         ignoring = _has_keyword(node, "ignore_index")
         if ignoring or self._flattened_inputs(node, stmt):
             what = f"`{last_part(qual)}` with the default mean"
@@ -222,12 +224,29 @@ class _TokenMeans:
     def _loss_object(self, node: cst.Call, built: cst.Call, stmt: Stmt) -> list[TokenMean]:
         if not _mean_reduction(keyword(built, "reduction")):
             return []
+        if self._packed_next_tokens(node, keyword(built, "ignore_index"), stmt):
+            return []
         ignoring = _has_keyword(built, "ignore_index")
         if ignoring or self._flattened_inputs(node, stmt):
             name = last_part(dotted(built.func))
             what = f"`{code(node.func)}` (a `{name}` with the mean)"
             return [TokenMean(node, what, stmt, ignoring)]
         return []
+
+    def _packed_next_tokens(self, call: cst.Call, ignore, stmt: Stmt) -> bool:
+        """Packed next-token targets: the target is the token stream shifted by one
+        (`y = data[:, 1:T + 1]` beside `x = data[:, :T]`, `x, y = batch[:, :-1], batch[:, 1:]`,
+        nanoGPT's `get_batch()`), so it holds raw token ids that no negative `ignore_index`
+        matches, and with no padding in the module every micro-batch has the same number of
+        tokens: the means are equally weighted, no bias. A named `ignore_index` (a pad id) may
+        match tokens of the stream, and targets written to (`y[mask] = -1`) are masked."""
+        if ignore is not None and not _negative_literal(ignore):
+            return False
+        if self.model.memo("losses.pads_batches", _pads_batches):
+            return False
+        args = positional(call)
+        target = keyword(call, "target") or (args[1] if len(args) > 1 else None)
+        return target is not None and _NextTokens(self.model).of(target, stmt.scope, stmt.order)
 
     def _flattened_inputs(self, call: cst.Call, stmt: Stmt) -> bool:
         """Logits flattened over batch and time, or targets flattened to one dimension, in
@@ -325,6 +344,152 @@ class _TokenMeans:
         if wraps and args:  # `DDP(model)`, `get_peft_model(m)`, `PeftModel.from_pretrained(m)`
             return self._model_class(args[0], scope, order, depth + 1)
         return None
+
+
+class _NextTokens:
+    """Follows a loss target back to a slice of a token stream shifted by one from another
+    slice of the same stream."""
+
+    _WRAPPERS = {"view", "reshape", "flatten", "contiguous", "long", "to", "cuda", "astype", "int"}
+    _TENSOR = {"stack", "from_numpy", "tensor", "as_tensor", "cat", "LongTensor"}
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+
+    def of(self, node, scope: Scope, order: int, depth: int = 0) -> bool:
+        if depth > _MAX_MODEL_DEPTH:
+            return False
+        node = strip_parens(node)
+        if isinstance(node, (cst.ListComp, cst.GeneratorExp)):
+            return self.of(node.elt, scope, order, depth + 1)
+        if isinstance(node, cst.Subscript):
+            return _shifted_slice(node, scope)
+        if isinstance(node, cst.Call):
+            pair = method_call(node)
+            if pair is not None and pair[1] in self._WRAPPERS:
+                return self.of(pair[0], scope, order, depth + 1)
+            args = positional(node)
+            if last_part(dotted(node.func)) in self._TENSOR and args:
+                return self.of(args[0], scope, order, depth + 1)
+            return False
+        text = dotted(node)
+        defs = scope.defs_before(text, order) if text else []
+        if not defs or defs[-1].op != "=" or _written_to(scope, text):
+            return False
+        d = defs[-1]
+        value = strip_parens(d.value) if d.value is not None else None
+        if d.tuple_index is None:
+            return value is not None and self.of(value, d.stmt.scope, d.stmt.order, depth + 1)
+        if isinstance(value, cst.Tuple) and d.tuple_index < len(value.elements):
+            element = value.elements[d.tuple_index].value
+            return self.of(element, d.stmt.scope, d.stmt.order, depth + 1)
+        callee = (
+            self.model.local_function(value.func, d.stmt.scope)
+            if isinstance(value, cst.Call)
+            else None
+        )
+        if callee is None:
+            return False
+        found = []
+        for returned, stmt in callee.returns:
+            returned = strip_parens(returned)
+            if isinstance(returned, cst.Tuple) and d.tuple_index < len(returned.elements):
+                element = returned.elements[d.tuple_index].value
+                found.append(self.of(element, callee, stmt.order + 1, depth + 1))
+        return bool(found) and all(found)
+
+
+def _shifted_slice(node: cst.Subscript, scope: Scope) -> bool:
+    """`B[..., a + 1 : ...]` where the same function also slices `B[..., a : ...]`."""
+    start = _last_slice_start(node)
+    if start is None:
+        return False
+    base = code(strip_parens(node.value))
+    if _written_to(scope, base) or any(
+        _MASKS.search(code(d.value)) for d in scope.defs.get(base, []) if d.value is not None
+    ):
+        return False
+    for stmt in scope.stmts:
+        for other in walk(stmt.node):
+            if other is node or not isinstance(other, cst.Subscript):
+                continue
+            if code(strip_parens(other.value)) != base:
+                continue
+            before = _last_slice_start(other)
+            if before is not None and before[0] == start[0] and before[1] + 1 == start[1]:
+                return True
+    return False
+
+
+def _last_slice_start(node: cst.Subscript) -> tuple[str, int] | None:
+    """(symbolic part, offset) of the start of the last slice of a subscript: ("", 1) for
+    `x[:, 1:]`, ("i", 1) for `data[i + 1 : j]`, ("", 0) for `x[:, :-1]`."""
+    last = node.slice[-1].slice if node.slice else None
+    if not isinstance(last, cst.Slice):
+        return None
+    lower = strip_parens(last.lower) if last.lower is not None else None
+    if lower is None:
+        return "", 0
+    number = _int_literal(lower)
+    if number is not None:
+        return "", number
+    if isinstance(lower, cst.BinaryOperation) and isinstance(lower.operator, cst.Add):
+        number = _int_literal(lower.right)
+        if number is not None:
+            return code(strip_parens(lower.left)), number
+    return code(lower), 0
+
+
+def _int_literal(node) -> int | None:
+    node = strip_parens(node)
+    return int(node.value, 0) if isinstance(node, cst.Integer) else None
+
+
+def _negative_literal(node) -> bool:
+    node = strip_parens(node)
+    return (
+        isinstance(node, cst.UnaryOperation)
+        and isinstance(node.operator, cst.Minus)
+        and isinstance(strip_parens(node.expression), cst.Integer)
+    )
+
+
+def _written_to(scope: Scope, name: str) -> bool:
+    """`y[mask] = -1` or `y.masked_fill_(...)` in the function: the targets are masked."""
+    for stmt in scope.stmts:
+        node = stmt.node
+        if isinstance(node, (cst.Assign, cst.AugAssign)):
+            targets = (
+                [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+            )
+            if any(isinstance(t, cst.Subscript) and dotted(t.value) == name for t in targets):
+                return True
+        for n in walk(node):
+            pair = method_call(n) if isinstance(n, cst.Call) else None
+            if pair is not None and dotted(pair[0]) == name and pair[1].endswith("_"):
+                return True
+    return False
+
+
+def _pads_batches(model: Model) -> bool:
+    """Padding anywhere in the module (`padding=`, a padding collator, `pad_sequence`,
+    `label_pad_token_id`): batches may differ in length, so even raw targets vary in count."""
+    if model.source is not None and not re.search(r"pad|DataCollator", model.source):
+        return False
+    for scope in model.scopes:
+        for stmt in scope.stmts:
+            for node in walk(stmt.node):
+                if isinstance(node, cst.Arg) and node.keyword is not None:
+                    if node.keyword.value in _PADDING_KEYWORDS:
+                        return True
+                elif isinstance(node, (cst.Name, cst.Attribute)):
+                    if _MASKING_NAMES.match(last_part(dotted(node))):
+                        return True
+    return False
+
+
+_MASKS = re.compile(r"masked_fill|\bwhere\(|-100")
+_PADDING_KEYWORDS = {"padding", "label_pad_token_id", "ignore_pad_token_for_loss", "padding_value"}
 
 
 def _reads_loss_field(node) -> bool:

@@ -257,3 +257,123 @@ def test_adapter_loaded_onto_a_causal_lm(acl308, at):
         'model = PeftModel.from_pretrained(model, "adapter", is_trainable=True)\n',
     )
     assert acl308.findings(source) == [("ACL308", *at(source, "model(**batch).loss"))]
+
+
+NANOGPT = """
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def get_batch(split):
+    data = np.memmap(f"{split}.bin", dtype=np.uint16, mode="r")
+    ix = torch.randint(len(data) - block_size, (batch_size,))
+    x = torch.stack([torch.from_numpy(data[i : i + block_size].astype(np.int64)) for i in ix])
+    y = torch.stack(
+        [torch.from_numpy(data[i + 1 : i + 1 + block_size].astype(np.int64)) for i in ix]
+    )
+    return x.to(device), y.to(device)
+
+
+def train(model, optimizer, gradient_accumulation_steps, max_iters):
+    X, Y = get_batch("train")
+    for iter_num in range(max_iters):
+        for micro_step in range(gradient_accumulation_steps):
+            logits = model(X)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), Y.view(-1), ignore_index=-1)
+            loss = loss / gradient_accumulation_steps
+            X, Y = get_batch("train")
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+"""
+
+SHIFTED = """
+import torch.nn.functional as F
+from accelerate import Accelerator
+
+accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps)
+model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
+for batch in train_loader:
+    with accelerator.accumulate(model):
+        x, y = batch[:, :-1], batch[:, 1:]
+        logits = model(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1), ignore_index=-1)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
+PACKED_TENSOR = """
+import numpy as np
+import torch
+from torch import nn
+
+criterion = nn.CrossEntropyLoss(ignore_index=-1)
+tokens = torch.from_numpy(np.load("tokens.npy").astype(np.int64))
+data = tokens[: len(tokens) // (T + 1) * (T + 1)].view(-1, T + 1)
+for step in range(max_steps):
+    for micro in range(grad_accum_steps):
+        chunk = data[torch.randint(len(data), (B,))]
+        x = chunk[:, :T]
+        y = chunk[:, 1 : T + 1]
+        logits = model(x)
+        loss = criterion(logits.view(-1, logits.size(-1)), y.view(-1))
+        (loss / grad_accum_steps).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+def test_packed_next_token_pretraining(acl308):
+    """Targets that are the token stream shifted by one hold raw token ids: a negative
+    `ignore_index` never matches, every micro-batch has B * T tokens, no bias (issue 22)."""
+    assert acl308.findings(NANOGPT) == []
+    assert acl308.findings(SHIFTED) == []
+    assert acl308.findings(PACKED_TENSOR) == []
+    no_ignore = SHIFTED.replace(", ignore_index=-1", "")
+    assert acl308.findings(no_ignore) == []
+
+
+def test_shifted_targets_with_a_pad_id_ignored_still_vary(acl308, at):
+    """A named `ignore_index` (a pad id) matches tokens of the stream: counts vary."""
+    source = SHIFTED.replace("ignore_index=-1", "ignore_index=tokenizer.pad_token_id")
+    assert acl308.findings(source) == [("ACL308", *at(source, "F.cross_entropy"))]
+
+
+def test_shifted_targets_masked_afterwards_still_vary(acl308, at):
+    source = PACKED_TENSOR.replace(
+        "        logits = model(x)\n", "        y[y == eot_token] = -1\n        logits = model(x)\n"
+    )
+    assert acl308.findings(source) == [("ACL308", *at(source, "criterion(logits"))]
+
+
+def test_shifted_targets_of_padded_batches_still_vary(acl308, at):
+    """Padded to the longest sequence, micro-batches differ in length even without masking."""
+    source = SHIFTED.replace(
+        "for batch in train_loader:\n",
+        "def collate(seqs):\n    return pad_sequence(seqs, batch_first=True, padding_value=0)\n\n"
+        "for batch in train_loader:\n",
+    )
+    assert acl308.findings(source) == [("ACL308", *at(source, "F.cross_entropy"))]
+
+
+def test_labels_shifted_against_the_logits_are_not_a_token_stream(acl308, at):
+    """`labels[..., 1:]` beside `logits[..., :-1, :]` (the HF shift): labels carry -100."""
+    source = accelerate(
+        'logits = model(batch["input_ids"]).logits\n'
+        "shift_logits = logits[..., :-1, :].contiguous()\n"
+        'shift_labels = batch["labels"][..., 1:].contiguous()\n'
+        "loss = F.cross_entropy(shift_logits.view(-1, shift_logits.size(-1)), "
+        "shift_labels.view(-1), ignore_index=-100)"
+    ).replace("collate_fn=DataCollatorForSeq2Seq(tokenizer, model=model)", "batch_size=8")
+    assert acl308.findings(source) == [("ACL308", *at(source, "F.cross_entropy"))]
+
+
+def test_shifted_targets_masked_into_a_new_tensor_still_vary(acl308, at):
+    source = SHIFTED.replace(
+        "        x, y = batch[:, :-1], batch[:, 1:]\n",
+        "        x, y = batch[:, :-1], batch[:, 1:]\n"
+        "        y = y.masked_fill(y == tokenizer.pad_token_id, -1)\n",
+    )
+    assert acl308.findings(source) == [("ACL308", *at(source, "F.cross_entropy"))]
