@@ -1,7 +1,8 @@
 """Setup facts for two mistakes made before the loop starts.
 
-- Device moves before `prepare` (ACL501): `.cuda()` / `.to("cuda")` on a model that an
-  Accelerator then places itself, so every rank first loads a full copy onto `cuda:0`.
+- Device moves that put every rank's model on GPU 0 (ACL501): a fixed index (`.cuda(0)`,
+  `.to("cuda:0")`), or a bare `"cuda"` that runs before an Accelerator (or guard engine, or
+  `torch.cuda.set_device`) has set the rank's device; after that, `"cuda"` is the rank's own GPU.
 - One-shot parameter iterables (ACL505): a name bound to `filter(...)`, `map(...)`, a generator
   expression or `model.parameters()` that something consumes before a clip function receives it.
 """
@@ -14,6 +15,7 @@ import libcst as cst
 
 from linter.model.cst_util import (
     dotted,
+    int_value,
     keyword,
     last_part,
     method_call,
@@ -23,6 +25,7 @@ from linter.model.cst_util import (
 )
 from linter.model.functions import Def, Scope, Stmt
 from linter.model.loops import same_path
+from linter.model.setup import _callee_kind
 
 # ---------------------------------------------------------------------------------------------
 # ACL505: parameter iterables that are empty by the time they are clipped
@@ -182,14 +185,16 @@ def _builds_optimizer(model, call: cst.Call) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# ACL501: device moves before prepare
+# ACL501: device moves that put every rank's model on GPU 0
 
-_CUDA = ("cuda", "cuda:0")
+_SETS_DEVICE = {"torch.cuda.set_device"}
+_STATES = {"PartialState", "AcceleratorState"}  # accelerate's state objects set the device too
 
 
 @dataclass(eq=False)
 class EarlyMove:
-    """`.cuda()` / `.to("cuda")` on a model before an Accelerator's `prepare` places it."""
+    """A move of a model that `prepare` then places, to a device that is GPU 0 on every rank: a
+    fixed index, or a bare `"cuda"` before the rank's device is set."""
 
     call: cst.Call  # the move call (`Net().cuda()`, `model.to(device)`)
     stmt: Stmt
@@ -197,6 +202,7 @@ class EarlyMove:
     prepare_stmt: Stmt
     dtype: cst.Arg | None  # the dtype argument a `.to(device, dtype)` keeps
     statement_only: bool  # `model.cuda()` / `model = model.to(dev)`: the whole line moves
+    pinned: str | None = None  # the fixed device written (`cuda:0`); None for a bare "cuda"
 
 
 def early_device_moves(model) -> list[EarlyMove]:
@@ -214,7 +220,9 @@ def _find_early_moves(model) -> list[EarlyMove]:
         prepare_stmt = _prepare_stmt(model, prepared)
         if prepare_stmt is None or "." in prepared.original:
             continue
-        found.extend(_moves_of(model, prepared.original, prepare_stmt))
+        for move in _moves_of(model, prepared.original, prepare_stmt):
+            if move.pinned or not device_set_before(model, move.stmt):
+                found.append(move)
     unique = {id(m.call): m for m in found}
     return sorted(unique.values(), key=lambda m: m.stmt.order)
 
@@ -246,14 +254,14 @@ def _moves_of(model, name: str, prepare: Stmt) -> list[EarlyMove]:
         if isinstance(node, (cst.Assign, cst.AnnAssign)) and _assigns(node, name):
             move = _move_in_chain(model, node.value, stmt.scope)
             if move is not None:
-                call, dtype = move
+                call, dtype, pinned = move
                 whole = dotted(call.func.value) == name
-                moves.append(EarlyMove(call, stmt, name, prepare, dtype, whole))
+                moves.append(EarlyMove(call, stmt, name, prepare, dtype, whole, pinned))
         elif isinstance(node, cst.Expr) and isinstance(node.value, cst.Call):
             move = _move_in_chain(model, node.value, stmt.scope)
             if move is not None and dotted(move[0].func.value) == name:
-                call, dtype = move
-                moves.append(EarlyMove(call, stmt, name, prepare, dtype, True))
+                call, dtype, pinned = move
+                moves.append(EarlyMove(call, stmt, name, prepare, dtype, True, pinned))
     return moves
 
 
@@ -263,79 +271,169 @@ def _assigns(node, name: str) -> bool:
 
 
 def _move_in_chain(model, value, scope: Scope):
-    """(the move call, the dtype argument it also carries) along a method chain such as
-    `Net(cfg).cuda().train()`, else None."""
+    """(the move call, the dtype argument it also carries, the fixed device or None for a bare
+    "cuda") along a method chain such as `Net(cfg).cuda().train()`, else None."""
     node = value
     while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
-        dtype = _cuda_move(model, node, scope)
-        if dtype is not False:
-            return node, dtype
+        move = _cuda_move(model, node, scope)
+        if move is not None:
+            return node, *move
         node = node.func.value
     return None
 
 
 def _cuda_move(model, call: cst.Call, scope: Scope):
-    """False unless `call` moves to a CUDA literal device; else the dtype argument it keeps
-    (None when there is none)."""
+    """None unless `call` moves to a CUDA device written as a literal; else (the dtype argument
+    it keeps or None, the fixed device such as "cuda:0" or None for a bare "cuda")."""
     method = call.func.attr.value
     if method == "cuda":
         args = positional(call)
-        if not call.args or (len(call.args) == 1 and args and _is_device_zero(args[0])):
-            return None
-        return False  # `.cuda(local_rank)`: the rank's own device
+        if not call.args:
+            return None, None
+        if len(call.args) == 1 and args and int_value(args[0]) is not None:
+            return None, f"cuda:{int_value(args[0])}"
+        return None  # `.cuda(local_rank)`: the rank's own device
     if method != "to":
-        return False
+        return None
     device, rest = None, []
     for arg in call.args:
         if arg.star:
-            return False
+            return None
         if arg.keyword is not None and arg.keyword.value == "device":
             device = arg.value
         elif arg.keyword is None and device is None and not rest:
             device = arg.value
         else:
             rest.append(arg)
-    if device is None or not _is_cuda_device(model, device, scope):
-        return False  # dtype-only `.to(torch.bfloat16)`, or a device of unknown origin
+    kind = _cuda_device(model, device, scope) if device is not None else None
+    if kind is None:
+        return None  # dtype-only `.to(torch.bfloat16)`, or a device of unknown origin
     if len(rest) > 1 or any(a.keyword is not None and a.keyword.value != "dtype" for a in rest):
-        return False
-    return rest[0] if rest else None
+        return None
+    return (rest[0] if rest else None), (kind if kind != "cuda" else None)
 
 
-def _is_device_zero(node) -> bool:
-    return isinstance(node, cst.Integer) and node.value == "0"
-
-
-def _is_cuda_device(model, node, scope: Scope, depth: int = 0) -> bool:
-    """A literal `"cuda"` / `"cuda:0"` / `torch.device("cuda")` (the same device on every rank),
-    directly, through one name bound to it, or in an arm of `"cuda" if ... else "cpu"`.
-    `accelerator.device` and devices built from LOCAL_RANK are the rank's own."""
-    if string_value(node) in _CUDA:
-        return True
+def _cuda_device(model, node, scope: Scope, depth: int = 0) -> str | None:
+    """"cuda" for a bare CUDA device (`"cuda"`, `torch.device("cuda")`: the current device,
+    GPU 0 until the rank's device is set), "cuda:N" for a fixed index (`"cuda:0"`,
+    `torch.device("cuda", 0)`), else None; directly, through one name bound to it, or in an arm
+    of `"cuda" if ... else "cpu"`. `accelerator.device` and LOCAL_RANK devices are the rank's."""
+    literal = _literal_device(node)
+    if literal is not None:
+        return literal if literal != "cpu" else None
     if isinstance(node, cst.IfExp):
         arms = (node.body, node.orelse)
-        cuda = [a for a in arms if _is_cuda_device(model, a, scope, depth)]
-        return bool(cuda) and all(cuda_or_cpu(a) for a in arms)
+        kinds = [_cuda_device(model, a, scope, depth) for a in arms]
+        if not any(kinds) or not all(cuda_or_cpu(a) for a in arms):
+            return None
+        return next((k for k in kinds if k and k != "cuda"), "cuda")
     if isinstance(node, cst.Call):
         qual = model.imports.qualify(node.func) or ""
         args = positional(node)
-        if qual == "torch.device" and args and not node.args[1:]:
-            return _is_cuda_device(model, args[0], scope, depth)
-        return False
+        if qual != "torch.device" or not args or len(node.args) != len(args):
+            return None
+        if len(args) == 1:
+            return _cuda_device(model, args[0], scope, depth)
+        index = int_value(args[1])
+        if len(args) == 2 and string_value(args[0]) == "cuda" and index is not None:
+            return f"cuda:{index}"
+        return None  # `torch.device("cuda", local_rank)`: the rank's own
     text = dotted(node)
     if text is None or "." in text or depth > 2:
-        return False
+        return None
     defs = scope.defs.get(text) or _enclosing_defs(text, scope)
     if len(defs) != 1 or defs[0].op != "=" or defs[0].tuple_index is not None:
-        return False
-    return _is_cuda_device(model, defs[0].value, defs[0].stmt.scope, depth + 1)
+        return None
+    return _cuda_device(model, defs[0].value, defs[0].stmt.scope, depth + 1)
+
+
+def _literal_device(node) -> str | None:
+    """"cuda", "cuda:N" or "cpu" for such a string literal."""
+    value = string_value(node)
+    if value in ("cuda", "cpu"):
+        return value
+    if value and value.startswith("cuda:") and value[5:].isdigit():
+        return f"cuda:{int(value[5:])}"
+    return None
 
 
 def cuda_or_cpu(node) -> bool:
     if isinstance(node, cst.Call):
         args = positional(node)
         return len(args) == 1 and cuda_or_cpu(args[0])
-    return string_value(node) in (*_CUDA, "cpu")
+    return _literal_device(node) is not None
+
+
+# ... whether the rank's device is set when a statement runs ----------------------------------
+
+
+def device_set_before(model, stmt: Stmt) -> bool:
+    """Whether an Accelerator (or guard engine, accelerate state, `torch.cuda.set_device`) has
+    set the rank's CUDA device when `stmt` runs, in program order across this module's calls:
+    earlier in its function, or before every way in. Lenient (an earlier one on any path, or a
+    way in that cannot be seen, counts), so that only a move visibly first is reported."""
+    return _set_before(model, stmt.scope, stmt.order, set())
+
+
+def _set_before(model, scope: Scope, order: int, seen: set[int]) -> bool:
+    if any(o < order for o in _device_setters(model).get(id(scope), ())):
+        return True
+    return _set_at_entry(model, scope, seen)
+
+
+def _set_at_entry(model, scope: Scope, seen: set[int]) -> bool:
+    """At a function's entry: an engine passed in, a method of a class whose other methods set
+    it (`__init__` builds `self.accelerator`), a caller that has set it, or, for a function no
+    code here calls (an entry point), module code that sets it at import."""
+    if scope.parent is None or id(scope) in seen:
+        return False
+    seen.add(id(scope))
+    setters = _device_setters(model)
+    if any(model.engine_for(p, scope) is not None for p in scope.params):
+        return True
+    if scope.class_name is not None and any(
+        id(s) in setters and s is not scope and s.class_name == scope.class_name
+        for s in model.scopes
+    ):
+        return True
+    callers = model.graph.callers(scope)
+    if not callers:
+        return id(scope) not in setters and id(model.scopes[0]) in setters
+    return any(_set_before(model, c.stmt.scope, c.stmt.order, seen) for c in callers)
+
+
+def _device_setters(model) -> dict[int, list[int]]:
+    """Per scope (by id), the orders of its statements that set the rank's device: they build
+    an Accelerator / guard engine / accelerate state, call `torch.cuda.set_device`, or call a
+    function or class of this module that does."""
+    return model.memo("setup_facts.device_setters", _find_device_setters)
+
+
+def _find_device_setters(model) -> dict[int, list[int]]:
+    found: dict[int, list[int]] = {}
+    for site in model.calls:
+        if _sets_device(model, site.call):
+            found.setdefault(id(site.stmt.scope), []).append(site.stmt.order)
+    inits = {s.class_name: s for s in model.function_defs.get("__init__", ())}
+    changed = True
+    while changed:
+        changed = False
+        for site in model.calls:
+            callee = model.local_function(site.call.func, site.stmt.scope)
+            if callee is None:
+                callee = inits.get(dotted(site.call.func) or "")
+            orders = found.get(id(site.stmt.scope), [])
+            if callee is not None and id(callee) in found and site.stmt.order not in orders:
+                found.setdefault(id(site.stmt.scope), []).append(site.stmt.order)
+                changed = True
+    return found
+
+
+def _sets_device(model, call: cst.Call) -> bool:
+    qual = model.imports.qualify(call.func) or ""
+    if qual in _SETS_DEVICE or _callee_kind(qual) in ("accelerate", "guard"):
+        return True
+    return last_part(qual) in _STATES and (qual in _STATES or qual.startswith("accelerate"))
 
 
 _HARMLESS_USES = {
@@ -391,11 +489,16 @@ class HelperMove:
     call: cst.Call
     model_name: str
     engine: str  # the engine whose `.device` is the rank's own
+    # "pinned": a fixed index, GPU 0 on every rank; "early": a bare "cuda" before the rank's
+    # device is set, and nothing moves it later; "style": a bare "cuda" after (the rank's own)
+    kind: str = "style"
+    pinned: str | None = None  # the fixed device written (`cuda:0`)
 
 
 def unprepared_model_moves(model) -> list[HelperMove]:
-    """Models that never go through `prepare` still need a placement, and a fixed CUDA device
-    puts every rank's copy on GPU 0: the rank's device is `<engine>.device`."""
+    """Models that never go through `prepare` and are moved to a CUDA device written out: a
+    fixed index or a move before the rank's device is set keeps every rank's copy on one GPU;
+    after an Accelerator exists a bare "cuda" is the rank's own (only a style point)."""
     return model.memo("setup_facts.unprepared_model_moves", _find_helper_moves)
 
 
@@ -417,9 +520,21 @@ def _find_helper_moves(model) -> list[HelperMove]:
             if move is None:
                 continue
             name = _moved_model(model, move[0], node)
-            if name is not None and name not in placed:
-                found.append(HelperMove(move[0], name, engines[0].name))
+            if name is None or name in placed:
+                continue
+            kind = "pinned" if move[2] else "style"
+            if not move[2] and not device_set_before(model, stmt):
+                kind = "early" if not _moved_later(model, name, stmt) else "style"
+            found.append(HelperMove(move[0], name, engines[0].name, kind, move[2]))
     return found
+
+
+def _moved_later(model, name: str, stmt: Stmt) -> bool:
+    """Whether a later `.to(...)` / `.cuda(...)` of the same model may place it again."""
+    return any(
+        site.receiver == name and site.method in ("to", "cuda") and site.stmt.order > stmt.order
+        for site in model.calls
+    )
 
 
 def _moved_model(model, call: cst.Call, statement) -> str | None:
