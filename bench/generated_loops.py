@@ -1,6 +1,7 @@
 """Run the generated-loop properties (tests/generated/) over many more examples than CI.
 
-    python bench/generated_loops.py [--examples 1000] [--seed 1] [--only linter,fix,guard]
+    python bench/generated_loops.py [--examples 1000] [--seed 1]
+        [--only linter,fix,safe_fix,each_safe_fix,guard]
 
 Unlike the tests, which stop at the first failure and shrink it, this draws every example, runs
 every property on it (the fix property trains every fixed program, not a sample) and groups what
@@ -20,10 +21,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "generated"))
 
-from ground_truth import corrected, runtime_codes, static_findings  # noqa: E402
+from ground_truth import (  # noqa: E402
+    corrected,
+    crashes,
+    fix_safety,
+    runtime_codes,
+    safe_fixes,
+    static_findings,
+)
 from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
 from loop_parts import Loop, render  # noqa: E402
-from loop_runs import fix, lint, run, same_params  # noqa: E402
+from loop_runs import fix, lint, run, safe_fix_codes, same_training  # noqa: E402
 from loop_strategies import loops  # noqa: E402
 
 
@@ -37,20 +45,60 @@ def linter_failure(loop: Loop) -> str | None:
     return f"missing {missing or '-'}, unexpected {extra or '-'}"
 
 
-def fix_failure(loop: Loop) -> str | None:
-    outcome = fix(render(loop).source)
+def _fix_failure(loop: Loop, want_loop: Loop, unsafe: bool, codes=None, optional=False):
+    """What is wrong with the fix of `loop` (None: nothing), compared with `want_loop`; with
+    `optional`, the ground truth's optional safe fixes that were applied join the repairs."""
+    outcome = fix(render(loop).source, unsafe=unsafe, codes=codes)
     if outcome.error:
         return "fix error"
     try:
         ast.parse(outcome.text)
     except SyntaxError:
         return "fixed text does not parse"
-    if fix(outcome.text).text != outcome.text:
+    if fix(outcome.text, unsafe=unsafe, codes=codes).text != outcome.text:
         return "second --fix changes the file"
-    want, got = run(render(corrected(loop)).source), run(outcome.text)
+    if optional:
+        left = {d.code for d in outcome.diagnostics}
+        applied = {c for c, how in fix_safety(loop).items() if how == "optional" and c not in left}
+        want_loop = corrected(loop, safe_fixes(loop) | applied)
+    want, got = run(render(want_loop).source), run(outcome.text)
+    if crashes(want_loop):  # a defect left unrepaired crashes it: the same error, as early
+        if not (want.error and got.error) or _last(want.error) != _last(got.error):
+            return "fails unlike the corrected loop"
+        return None if got.syncs == want.syncs else "syncs gradients unlike the corrected loop"
     if want.error or got.error:
         return "the corrected program fails" if want.error else "the fixed program fails"
-    return None if same_params(got.params, want.params) else "trains unlike the corrected loop"
+    if got.syncs != want.syncs:
+        return "syncs gradients unlike the corrected loop"
+    return None if same_training(got, want) else "trains unlike the corrected loop"
+
+
+def _last(error: str) -> str:
+    return error.strip().splitlines()[-1]
+
+
+def fix_failure(loop: Loop) -> str | None:
+    return _fix_failure(loop, corrected(loop), unsafe=True)
+
+
+def safe_fix_failure(loop: Loop) -> str | None:
+    """Plain --fix trains like the loop with its safely fixable defects repaired."""
+    why = _fix_failure(loop, loop, unsafe=False, optional=True)
+    return None if why is None else f"--fix: {why}"
+
+
+def each_safe_fix_failure(loop: Loop) -> str | None:
+    """Each safe fix offered is for a safely fixable defect and, alone, repairs only it."""
+    safety = fix_safety(loop)
+    allowed = {code for code, how in safety.items() if how in ("safe", "optional")}
+    offered = safe_fix_codes(render(loop).source)
+    if offered - allowed:
+        return f"safe fix for {sorted(offered - allowed)}, not safely fixable in the ground truth"
+    for code in sorted(offered):
+        why = _fix_failure(loop, corrected(loop, {code}), unsafe=False, codes={code})
+        if why is not None:
+            return f"the safe fix of {code}: {why}"
+    return None
 
 
 def guard_failure(loop: Loop) -> str | None:
@@ -60,7 +108,13 @@ def guard_failure(loop: Loop) -> str | None:
     return f"missing {sorted(want - got) or '-'}, unexpected {sorted(got - want) or '-'}"
 
 
-PROPERTIES = {"linter": linter_failure, "fix": fix_failure, "guard": guard_failure}
+PROPERTIES = {
+    "linter": linter_failure,
+    "fix": fix_failure,
+    "safe_fix": safe_fix_failure,
+    "each_safe_fix": each_safe_fix_failure,
+    "guard": guard_failure,
+}
 
 
 def explore(check, examples: int, random_seed: int) -> tuple[int, dict[str, list[Loop]]]:

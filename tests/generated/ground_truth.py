@@ -3,7 +3,12 @@
 - `static_findings`: the (code, line) pairs the linter must report, nothing more;
 - `runtime_codes`: the codes the guard must report while the program runs;
 - `corrected`: the same loop with every statically reported defect repaired, spelled the way
-  the rule's fix spells it, so `--fix --unsafe-fixes` must train to exactly its parameters.
+  the rule's fix spells it, so `--fix --unsafe-fixes` must train to exactly its parameters;
+  `corrected(loop, codes)` repairs only the defects of those codes;
+- `fix_safety`: per defect, whether the catalogue's fix for it is safe (`--fix` applies it),
+  unsafe (`--unsafe-fixes` only), absent, or `optional` (a safe fix is allowed, not promised);
+  `safe_fixes` says which codes plain `--fix` must repair in this loop, so it must train to
+  exactly `corrected(loop, safe_fixes(loop))`.
 
 Runtime-only defects (a tail left over by a cross-epoch counter) stay in `corrected`: no fix can
 see them, and the guard must still report them.
@@ -36,6 +41,8 @@ def defects(loop: Loop) -> set[tuple[str, str]]:
             found.add(("ACL312", "gate"))  # `i % K == 0` with a 0-based index
         if loop.scheduler == "ungated":
             found.add(("ACL305", "scheduler"))  # steps K times per optimizer step
+        if loop.precision != "fp32" and loop.cast_scope == "backward":
+            found.add(("ACL202", "backward"))  # the backward inside the autocast region
     else:
         if loop.division in ("by_k", "by_k_inverse", "by_engine_attr"):
             found.add(("ACL302", "backward"))  # the engine divides as well
@@ -74,7 +81,7 @@ def runtime_codes(loop: Loop) -> set[str]:
         # One micro-step per step: no window to get wrong. Clipping scaled gradients still
         # bites, and so does a scheduler stepped before the optimizer in every iteration (its
         # first step comes before the optimizer's first).
-        codes &= {"ACL104", "ACL305"}
+        codes &= {"ACL104", "ACL202", "ACL305"}
     codes.discard("ACL307")  # the static signal is the gate's form; at runtime, a real tail
     if _tail_left(loop):
         codes.add("ACL307")
@@ -98,7 +105,9 @@ def runtime_codes(loop: Loop) -> set[str]:
         # check backward); after one, it is a discard: with `i % K == 0` the first step comes
         # after micro-step 1 and the crash at micro-step 3, whose zero_grad drops micro-step 2.
         early_step = loop.gate == "enumerate" and loop.gate_form == "off_by_one"
-        return {"ACL303"} | ({"ACL305"} & codes) | ({"ACL304"} & codes if early_step else set())
+        # A backward inside autocast is seen at the first one.
+        early = {"ACL202", "ACL305"} & codes
+        return {"ACL303"} | early | ({"ACL304"} & codes if early_step else set())
     return codes
 
 
@@ -123,25 +132,70 @@ def _tail_left(loop: Loop) -> bool:
     return False
 
 
-def corrected(loop: Loop) -> Loop:
-    """Every static defect repaired the way its (unsafe) fix repairs it."""
+# What each code's fix turns the loop into, the way the rule's fix spells it.
+_REPAIRS = {
+    "ACL301": lambda loop: loop.but(division="assign"),  # inserts `loss = loss / K`
+    "ACL302": lambda loop: loop.but(division="none"),  # removes the manual division
+    # ACL303 moves the clip (and the unscale) under the step condition; ACL104 inserts
+    # `scaler.unscale_(opt)` before a raw clip, or rewrites the engine's to engine.clip_grad_norm_
+    "ACL303": lambda loop: loop.but(clip="gated"),
+    "ACL104": lambda loop: loop.but(clip="gated"),
+    "ACL304": lambda loop: loop.but(zero_grad="after_step"),  # moved after the step
+    "ACL305": lambda loop: loop.but(scheduler="gated"),  # moved under the step condition
+    "ACL307": lambda loop: loop.but(last_batch=True),  # adds `or i + 1 == len(loader)`
+    "ACL312": lambda loop: loop.but(gate_form="plus_one"),  # rewrites to `(i + 1) % K == 0`
+    # The backward leaves the autocast region and nothing else: a `no_sync()` entered in the
+    # same `with` stays around it (the autocast gets a `with` of its own inside).
+    "ACL202": lambda loop: loop.but(cast_scope="loss"),
+}
+_WINDOW_CODES = ("ACL301", "ACL303", "ACL305")
+
+
+def fix_safety(loop: Loop) -> dict[str, str]:
+    """code -> safe | unsafe | none | optional, for each defect of the loop (CATALOG.md's
+    "Autofix" lines)."""
+    safety = {code: "safe" for code, _ in defects(loop)}
+    for code in ("ACL304", "ACL307", "ACL312"):
+        if code in safety:
+            safety[code] = "unsafe"  # they change which micro-batches a step sums
+    if "ACL301" in safety and loop.loss_fn == "param":
+        # "Skipped when the loss comes from a call the linter cannot see into (it might
+        # already divide)": nothing proves the callable's loss undivided, so no fix at all.
+        safety["ACL301"] = "none"
+    if "ACL202" in safety and loop.ddp:
+        # The backward shares its `with` with `no_sync()`: moving it after the block would
+        # also take it out of no_sync (a sync on every micro-step, and FSDP's or the compiled
+        # reducer's gradients handled differently). Splitting the `with` keeps it inside; the
+        # catalogue allows that as a safe fix but does not promise it.
+        safety["ACL202"] = "optional"
+    return safety
+
+
+def safe_fixes(loop: Loop) -> set[str]:
+    """The codes plain `--fix` must repair: safe fixes of the findings it sees, round by round.
+    A micro-step loop that zeroes inside itself shows the window rules only once ACL304 is
+    fixed (`static_findings`), which only `--unsafe-fixes` does."""
+    codes = {code for code, how in fix_safety(loop).items() if how == "safe"}
+    if loop.gate == "micro" and loop.zero_grad == "top":
+        codes -= set(_WINDOW_CODES)
+    return codes
+
+
+def correct(loop: Loop) -> Loop:
+    """The loop with every defect repaired, fix or no fix: what it should have been."""
     fixed = loop
-    if loop.raw and loop.division == "none":
-        fixed = fixed.but(division="assign")  # ACL301 inserts `loss = loss / K`
-    if not loop.raw and loop.division != "none":
-        fixed = fixed.but(division="none")  # ACL302 removes the manual division
-    if loop.clip == "ungated":
-        fixed = fixed.but(clip="gated")  # ACL303 moves it under the step condition
-    if loop.clip == "gated_scaled":
-        fixed = fixed.but(clip="gated")  # ACL104 inserts scaler.unscale_(opt) first
-    if loop.clip == "torch_gated" and loop.framework == "engine" and loop.precision == "fp16":
-        fixed = fixed.but(clip="gated")  # ACL104 rewrites to engine.clip_grad_norm_
-    if loop.zero_grad == "top":
-        fixed = fixed.but(zero_grad="after_step")  # ACL304 moves it after the step
-    if loop.raw and loop.scheduler == "ungated":
-        fixed = fixed.but(scheduler="gated")  # ACL305 moves it under the step condition
-    if loop.gate == "enumerate" and not loop.last_batch:
-        fixed = fixed.but(last_batch=True)  # ACL307 adds `or i + 1 == len(loader)`
-    if loop.gate_form == "off_by_one":
-        fixed = fixed.but(gate_form="plus_one")  # ACL312 rewrites the test to `(i + 1) % K`
+    for code in sorted(fix_safety(loop)):
+        fixed = _REPAIRS[code](fixed)
+    return fixed
+
+
+def corrected(loop: Loop, codes: set[str] | None = None) -> Loop:
+    """The loop with the defects of `codes` repaired the way their fixes repair them (default:
+    every defect that has a fix, safe or unsafe)."""
+    safety = fix_safety(loop)
+    if codes is None:
+        codes = {code for code, how in safety.items() if how != "none"}
+    fixed = loop
+    for code in sorted(codes & safety.keys()):
+        fixed = _REPAIRS[code](fixed)
     return fixed

@@ -20,6 +20,8 @@ FRAMEWORKS = ("accelerate", "engine")
 RAW_LOSS_DIVISIONS = ("in_expr", "assign", "inplace", "at_backward", "mul_inverse")
 RAW_GRAD_DIVISIONS = ("grad_idiv", "grad_div_", "grad_foreach")
 RAW_DIVISIONS = ("none", *RAW_LOSS_DIVISIONS, *RAW_GRAD_DIVISIONS)
+# A loss returned by a callable (`loss, items = compute_loss(...)`) is divided after the call.
+PARAM_LOSS_DIVISIONS = tuple(d for d in RAW_DIVISIONS if d != "in_expr")
 FRAMEWORK_DIVISIONS = ("none", "by_k", "by_k_inverse", "by_engine_attr")
 # The enumerate gate's modulo test: `(i + 1) % K == 0` and `i % K == K - 1` step after micro-
 # batches K, 2K, ...; `i % K == 0` steps after the first micro-batch, then every K (ACL312).
@@ -41,6 +43,18 @@ class Loop:
     scheduler: str = "none"  # none | gated | ungated (raw)
     structure: str = "inline"  # inline | helper | trainer
     batches: int = 4  # per epoch
+    # Where the loss comes from: `F.mse_loss` written in the loop, or (helper structure, raw) a
+    # callable handed to `train` that returns the loss and its item count, which the linter
+    # cannot see into: `loss, items = compute_loss(pred, y)`.
+    loss_fn: str = "inline"  # inline | param
+    # What the autocast region covers (fp16/bf16 raw loops): the model's call only, the loss too
+    # (its division included), or the backward as well (ACL202).
+    cast_scope: str = "forward"  # forward | loss | backward
+    # DDP (raw, enumerate or counter gate): the model is wrapped in DistributedDataParallel and
+    # each non-final micro-step runs under `model.no_sync()`, entered in the autocast's `with`
+    # (`with torch.autocast(...), (nullcontext() if sync else model.no_sync()):`) when the
+    # region covers the backward, around it otherwise.
+    ddp: bool = False
 
     @property
     def raw(self) -> bool:
@@ -135,6 +149,8 @@ def render(loop: Loop) -> Program:
 
 
 def _imports(w: _Writer, loop: Loop) -> None:
+    if loop.ddp:
+        w("import contextlib")
     if loop.gate == "micro":
         w("import itertools")
     w("import os")
@@ -144,10 +160,14 @@ def _imports(w: _Writer, loop: Loop) -> None:
     if loop.framework == "engine":
         w("import guard")
     w("import torch")
+    if loop.ddp:
+        w("import torch.distributed as dist")
     w("import torch.nn.functional as F")
     if loop.framework == "accelerate":
         w("from accelerate import Accelerator")
     w("from torch import nn")
+    if loop.ddp:
+        w("from torch.nn.parallel import DistributedDataParallel as DDP")
     w("from torch.utils.data import DataLoader, TensorDataset")
 
 
@@ -158,7 +178,11 @@ def _setup(w: _Writer, loop: Loop, n: _Names) -> None:
     w(f"features = torch.randn({samples}, 4)")
     w(f"targets = 0.1 * (features @ torch.randn(4, 1)) + 0.01 * torch.randn({samples}, 1)")
     w("loader = DataLoader(TensorDataset(features, targets), batch_size=4)")
-    w("model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))")
+    if loop.ddp:  # torchrun's environment (the harness sets it): one gloo rank
+        w('dist.init_process_group("gloo")')
+        w("model = DDP(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)))")
+    else:
+        w("model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))")
     w("optimizer = torch.optim.SGD(model.parameters(), lr=0.05)")
     if loop.scheduler != "none":
         w("scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)")
@@ -194,11 +218,19 @@ def _save(w: _Writer, loop: Loop, model: str) -> None:
     w("")
     w('if os.environ.get("ACCEL_FIXTURE_OUT"):')
     w(f'    torch.save({model}.state_dict(), os.environ["ACCEL_FIXTURE_OUT"])')
+    if loop.ddp:
+        w("dist.destroy_process_group()")
 
 
 def _helper(w: _Writer, loop: Loop) -> None:
     n = _names(loop)
     params = ["model", "optimizer", "loader"]
+    if loop.loss_fn == "param":
+        params.append("compute_loss")
+        w("")
+        w("def mse_with_count(pred, target):")
+        w("    return F.mse_loss(pred, target), target.shape[0]")
+        w("")
     if loop.scheduler != "none":
         params.append("scheduler")
     if loop.raw and loop.precision == "fp16":
@@ -217,7 +249,8 @@ def _helper(w: _Writer, loop: Loop) -> None:
     w.indent()
     _setup(w, loop, n)
     w("")
-    args = ", ".join(params[:-1] + [_k_value(loop)])
+    handed = ["mse_with_count" if p == "compute_loss" else p for p in params[:-1]]
+    args = ", ".join(handed + [_k_value(loop)])
     w(f"train({args})")
     _save(w, loop, "model")
     w.dedent()
@@ -289,18 +322,26 @@ def _raw_loop(w: _Writer, loop: Loop, n: _Names) -> None:
     else:
         w(f"for x, y in {n.loader}:")
     w.indent()
-    _micro_step(w, loop, n)
     if loop.gate == "counter":
-        w("step += 1")
-        w(f"if step % {n.k} == 0:", "gate")
+        test = f"step % {n.k} == 0"
     else:
         clause = f" or i + 1 == len({n.loader})" if loop.last_batch else ""
         test = {
             "plus_one": f"(i + 1) % {n.k} == 0",
             "minus_one": f"i % {n.k} == {n.k} - 1",
             "off_by_one": f"i % {n.k} == 0",
-        }[loop.gate_form]
-        w(f"if {test}{clause}:", "gate")
+        }[loop.gate_form] + clause
+    if loop.ddp:  # the step's test comes first: the micro-step needs it for no_sync
+        if loop.gate == "counter":
+            w("step += 1")
+        w(f"sync = {test}", "gate")
+        _micro_step(w, loop, n)
+        w("if sync:")
+    else:
+        _micro_step(w, loop, n)
+        if loop.gate == "counter":
+            w("step += 1")
+        w(f"if {test}:", "gate")
     w.indent()
     _optimizer_step(w, loop, n)
     w.dedent()
@@ -326,7 +367,21 @@ def _micro_step(w: _Writer, loop: Loop, n: _Names) -> None:
     """zero_grad at the top (if so placed), forward, loss, backward, and ungated parts."""
     if loop.zero_grad == "top":
         w(f"{n.opt}.zero_grad()", "zero_grad")
-    _forward(w, loop, n)
+    cast = "" if loop.precision == "fp32" else _autocast(loop)
+    no_sync = f"(contextlib.nullcontext() if sync else {n.model}.no_sync())" if loop.ddp else ""
+    outer = ""  # the `with` around the whole micro-step, backward included
+    if cast and loop.cast_scope == "backward":
+        outer, cast = ", ".join(filter(None, (cast, no_sync))), ""
+    elif no_sync:
+        outer = no_sync[1:-1]
+    if outer:
+        w(f"with {outer}:")
+        w.indent()
+    inner = bool(cast) and loop.cast_scope == "loss"  # forward, loss and division only
+    if inner:
+        w(f"with {cast}:")
+        w.indent()
+    _forward(w, loop, n, cast if not inner else "")
     d = loop.division
     if d == "assign":
         w(f"loss = loss / {n.k}")
@@ -334,6 +389,8 @@ def _micro_step(w: _Writer, loop: Loop, n: _Names) -> None:
         w(f"loss /= {n.k}")
     elif d == "mul_inverse":
         w(f"loss = loss * (1 / {n.k})")
+    if inner:
+        w.dedent()
     target = f"loss / {n.k}" if d == "at_backward" else "loss"
     if loop.precision == "fp16":
         w(f"{n.scaler}.scale({target}).backward()", "backward")
@@ -341,21 +398,34 @@ def _micro_step(w: _Writer, loop: Loop, n: _Names) -> None:
         w(f"({target}).backward()", "backward")
     else:
         w("loss.backward()", "backward")
+    if outer:
+        w.dedent()
     if loop.clip == "ungated":
         _clip(w, loop, n)
     if loop.scheduler == "ungated":
         w(f"{n.sched}.step()", "scheduler")
 
 
-def _forward(w: _Writer, loop: Loop, n: _Names) -> None:
-    suffix = f" / {n.k}" if loop.division == "in_expr" else ""
-    if loop.precision == "fp32":
-        w(f"loss = F.mse_loss({n.model}(x), y){suffix}")
-        return
+def _autocast(loop: Loop) -> str:
     dtype = "float16" if loop.precision == "fp16" else "bfloat16"
-    w(f'with torch.autocast("cpu", dtype=torch.{dtype}):')
-    w(f"    pred = {n.model}(x)")
-    w(f"loss = F.mse_loss(pred.float(), y){suffix}")
+    return f'torch.autocast("cpu", dtype=torch.{dtype})'
+
+
+def _forward(w: _Writer, loop: Loop, n: _Names, cast: str) -> None:
+    """The loss line; `cast`: an autocast region to open around the model's call alone."""
+    suffix = f" / {n.k}" if loop.division == "in_expr" else ""
+    pred = f"{n.model}(x)"
+    if cast:
+        w(f"with {cast}:")
+        w(f"    pred = {pred}")
+    elif loop.precision != "fp32":
+        w(f"pred = {pred}")  # inside the region the caller opened
+    if loop.precision != "fp32":
+        pred = "pred.float()"
+    if loop.loss_fn == "param":
+        w(f"loss, items = compute_loss({pred}, y){suffix}")
+    else:
+        w(f"loss = F.mse_loss({pred}, y){suffix}")
 
 
 def _clip(w: _Writer, loop: Loop, n: _Names) -> None:

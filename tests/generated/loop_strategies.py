@@ -6,7 +6,13 @@ from __future__ import annotations
 import os
 
 from hypothesis import strategies as st
-from loop_parts import FRAMEWORK_DIVISIONS, GATE_FORMS, RAW_DIVISIONS, Loop
+from loop_parts import (
+    FRAMEWORK_DIVISIONS,
+    GATE_FORMS,
+    PARAM_LOSS_DIVISIONS,
+    RAW_DIVISIONS,
+    Loop,
+)
 
 
 @st.composite
@@ -27,17 +33,26 @@ def loops(draw, frameworks=("raw", "accelerate", "engine")) -> Loop:
         gate_form = draw(st.sampled_from(GATE_FORMS)) if gate == "enumerate" else "plus_one"
         # Doubled division in a raw loop (the loss and the gradients both divided) is no
         # catalogue code (ACL302 is about an engine's backward): nothing to expect, not drawn.
-        division = draw(st.sampled_from(RAW_DIVISIONS))
+        # A loss from a callable handed to `train` (helper structure), divided after the call:
+        # undivided half the time, which no safe fix can repair (the callable may divide).
+        loss_fn = draw(st.sampled_from(("inline", "param"))) if structure == "helper" else "inline"
+        if loss_fn == "inline":
+            division = draw(st.sampled_from(RAW_DIVISIONS))
+        else:
+            division = draw(st.one_of(st.just("none"), st.sampled_from(PARAM_LOSS_DIVISIONS)))
         clips = ("none", "gated", "ungated") + (("gated_scaled",) if precision == "fp16" else ())
         scheduler = draw(st.sampled_from(("none", "gated", "ungated")))
     else:
-        gate, last_batch, gate_form = "accumulate", True, "plus_one"
+        gate, last_batch, gate_form, loss_fn = "accumulate", True, "plus_one", "inline"
         # With K = 1 a division by K divides by 1: the catalogue's ACL302 speaks of K > 1, and
         # the division is harmless, so it is not drawn (ambiguous, not a contract).
         division = draw(st.sampled_from(FRAMEWORK_DIVISIONS if k > 1 else ("none",)))
         clips = ("none", "gated", "ungated", "torch_gated")
         scheduler = draw(st.sampled_from(("none", "gated")))  # prepared: the wrapper gates it
     clip = draw(st.sampled_from(clips))
+    amp = framework == "raw" and precision != "fp32"
+    cast_scope = draw(st.sampled_from(("forward", "loss", "backward"))) if amp else "forward"
+    ddp = framework == "raw" and gate != "micro" and draw(st.booleans())
     return Loop(
         framework=framework,
         precision=precision,
@@ -52,6 +67,9 @@ def loops(draw, frameworks=("raw", "accelerate", "engine")) -> Loop:
         scheduler=scheduler,
         structure=structure,
         batches=batches,
+        loss_fn=loss_fn,
+        cast_scope=cast_scope,
+        ddp=ddp,
     )
 
 

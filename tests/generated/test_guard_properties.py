@@ -3,7 +3,7 @@ catalogue; on correct loops (gradient-averaging ones included) it reports nothin
 
 from __future__ import annotations
 
-from ground_truth import corrected, runtime_codes
+from ground_truth import correct, runtime_codes
 from hypothesis import given, settings
 from loop_parts import Loop, render
 from loop_runs import run
@@ -29,7 +29,7 @@ def test_guard_reports_exactly_the_runtime_codes(loop: Loop) -> None:
 
 
 @settings(max_examples=examples(50))
-@given(loops().map(corrected))
+@given(loops().map(correct))
 def test_guard_is_silent_on_correct_loops(loop: Loop) -> None:
     assert runtime_codes(loop) == set()
     program = render(loop)

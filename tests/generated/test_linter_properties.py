@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ground_truth import corrected, static_findings
+from ground_truth import correct, static_findings
 from hypothesis import given, settings
 from loop_parts import Loop, render
 from loop_runs import lint
@@ -29,7 +29,7 @@ def test_linter_reports_exactly_the_ground_truth(loop: Loop) -> None:
 
 
 @settings(max_examples=examples(100))
-@given(loops().map(corrected))
+@given(loops().map(correct))
 def test_linter_is_silent_on_correct_loops(loop: Loop) -> None:
     """Correct loops, gradient-averaging ones included, get no finding at all."""
     assert static_findings(loop, render(loop)) == set()
