@@ -61,6 +61,7 @@ class _Lengthless:
     def __init__(self, model: Model) -> None:
         self.model = model
         self.classes = model.memo("iterables.classes", _class_table)
+        self.seen: set[tuple[str, int]] = set()  # names already followed (`dl = prepare(dl)`)
 
     def of(self, expr, scope: Scope, order: int | None, depth: int) -> bool:
         if depth > _MAX_DEPTH:
@@ -106,6 +107,9 @@ class _Lengthless:
     def _name(self, text: str, scope: Scope, order, depth: int) -> bool:
         """Any binding of the name in reach (the loop may run after any of them), or, for a
         parameter, any argument the module passes."""
+        if (text, id(scope)) in self.seen:
+            return False
+        self.seen.add((text, id(scope)))
         while scope is not None:
             defs = scope.defs.get(text, [])
             if defs:
