@@ -48,6 +48,8 @@ _KEEPS_KIND = {
     "rename_columns",
     "cast",
 }
+# `datasets` functions whose first argument's kind the result keeps.
+_KEEPS_KIND_FUNCTIONS = {"split_dataset_by_node"}
 _MAX_DEPTH = 8
 
 
@@ -96,7 +98,11 @@ class _Lengthless:
                 return self.of(receiver, scope, order, depth + 1)
             if method in ("prepare", "prepare_data_loader") and len(args) == 1:
                 return self.of(args[0], scope, order, depth + 1)
-        if last_part(qual) == "DataLoader":
+        if qual.split(".", 1)[0] == "webdataset":  # `wds.WebDataset(urls)`, `wds.WebLoader`
+            return True
+        if last_part(qual) in _KEEPS_KIND_FUNCTIONS and args:
+            return self.of(args[0], scope, order, depth + 1)
+        if last_part(qual) in ("DataLoader", "StatefulDataLoader"):
             dataset = keyword(call, "dataset") or (args[0] if args else None)
             return dataset is not None and self.of(dataset, scope, order, depth + 1)
         if last_part(name) in self.classes:

@@ -405,6 +405,47 @@ def test_loaders_without_a_length(acl307):
                     optimizer.zero_grad()
     """
     assert acl307.findings(prepared) == []
+    sharded = """
+    import torch
+    import webdataset as wds
+    from datasets import load_dataset
+    from datasets.distributed import split_dataset_by_node
+
+    def train(args, rank, world_size, model, optimizer):
+        stream = load_dataset("allenai/c4", "en", split="train", streaming=True)
+        shard = split_dataset_by_node(stream, rank=rank, world_size=world_size)
+        train_loader = torch.utils.data.DataLoader(shard, batch_size=8)
+        if args.webdataset:
+            train_loader = wds.WebLoader(wds.WebDataset(args.urls).decode("pil"), batch_size=None)
+        for epoch in range(args.epochs):
+            for i, batch in enumerate(train_loader):
+                (model(batch).loss / args.accum_steps).backward()
+                if (i + 1) % args.accum_steps == 0:
+                    optimizer.step()
+                    optimizer.zero_grad()
+    """
+    assert acl307.findings(sharded) == []
+
+
+def test_a_loader_with_a_length_on_every_binding_drops_its_tail(acl307, at):
+    """A loader is lengthless when any of its bindings may be; with none of them, it is not."""
+    source = """
+    import torch
+    from datasets import load_dataset
+
+    def train(args, model, optimizer):
+        dataset = load_dataset("allenai/c4", "en", split="train[:1%]", streaming=False)
+        train_loader = torch.utils.data.DataLoader(dataset, batch_size=8)
+        if args.tiny:
+            train_loader = torch.utils.data.DataLoader(dataset.select(range(64)), batch_size=8)
+        for epoch in range(args.epochs):
+            for i, batch in enumerate(train_loader):
+                (model(batch).loss / args.accum_steps).backward()
+                if (i + 1) % args.accum_steps == 0:
+                    optimizer.step()
+                    optimizer.zero_grad()
+    """
+    assert acl307.findings(source) == [("ACL307", *at(source, "(i + 1) %"))]
 
 
 def test_a_map_style_loader_still_drops_its_tail(acl307, at):
