@@ -314,7 +314,7 @@ def _cuda_move(model, call: cst.Call, scope: Scope):
 
 
 def _cuda_device(model, node, scope: Scope, depth: int = 0) -> str | None:
-    """"cuda" for a bare CUDA device (`"cuda"`, `torch.device("cuda")`: the current device,
+    """ "cuda" for a bare CUDA device (`"cuda"`, `torch.device("cuda")`: the current device,
     GPU 0 until the rank's device is set), "cuda:N" for a fixed index (`"cuda:0"`,
     `torch.device("cuda", 0)`), else None; directly, through one name bound to it, or in an arm
     of `"cuda" if ... else "cpu"`. `accelerator.device` and LOCAL_RANK devices are the rank's."""
@@ -348,7 +348,7 @@ def _cuda_device(model, node, scope: Scope, depth: int = 0) -> str | None:
 
 
 def _literal_device(node) -> str | None:
-    """"cuda", "cuda:N" or "cpu" for such a string literal."""
+    """ "cuda", "cuda:N" or "cpu" for such a string literal."""
     value = string_value(node)
     if value in ("cuda", "cpu"):
         return value
@@ -384,7 +384,8 @@ def _set_before(model, scope: Scope, order: int, seen: set[int]) -> bool:
 def _set_at_entry(model, scope: Scope, seen: set[int]) -> bool:
     """At a function's entry: an engine passed in, a method of a class whose other methods set
     it (`__init__` builds `self.accelerator`), a caller that has set it, or, for a function no
-    code here calls (an entry point), module code that sets it at import."""
+    code here calls, its enclosing function's setup (a hook) or module code that sets it at
+    import (an entry point)."""
     if scope.parent is None or id(scope) in seen:
         return False
     seen.add(id(scope))
@@ -397,6 +398,10 @@ def _set_at_entry(model, scope: Scope, seen: set[int]) -> bool:
     ):
         return True
     callers = model.graph.callers(scope)
+    if not callers and scope.parent.parent is not None:
+        # a nested function run as a callback or hook: its caller cannot be seen, so what its
+        # enclosing function sets up counts
+        return id(scope.parent) in setters or _set_at_entry(model, scope.parent, seen)
     if not callers:
         return id(scope) not in setters and id(model.scopes[0]) in setters
     return any(_set_before(model, c.stmt.scope, c.stmt.order, seen) for c in callers)

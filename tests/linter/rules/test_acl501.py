@@ -391,6 +391,30 @@ def test_the_device_set_by_set_device_or_accelerate_state_first(acl501, first):
     assert [d for d in acl501.diagnostics(source) if not d.is_hint] == []
 
 
+def test_a_hook_defined_after_the_accelerator_runs_after_it(acl501):
+    """diffusers registers load/save hooks on the Accelerator; nothing here calls them."""
+    source = """
+    from accelerate import Accelerator
+
+
+    def main():
+        args = parse_args()
+        accelerator = Accelerator(mixed_precision=args.mixed_precision)
+
+        def load_model_hook(models, input_dir):
+            teacher = TeacherModel.from_pretrained(input_dir, subfolder="teacher").to("cuda")
+            models.append(teacher)
+
+        accelerator.register_load_state_pre_hook(load_model_hook)
+
+
+    if __name__ == "__main__":
+        main()
+    """
+    (hint,) = acl501.diagnostics(source)
+    assert hint.is_hint
+
+
 def test_a_trainer_class_that_makes_its_accelerator_in_init(acl501, at):
     source = """
     from accelerate import Accelerator
