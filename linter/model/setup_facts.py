@@ -189,6 +189,8 @@ def _builds_optimizer(model, call: cst.Call) -> bool:
 
 _SETS_DEVICE = {"torch.cuda.set_device"}
 _STATES = {"PartialState", "AcceleratorState"}  # accelerate's state objects set the device too
+# `.to(...)` keywords that only say how the copy is made, gone with the move itself
+_TRANSFER_FLAGS = {"non_blocking", "copy"}
 
 
 @dataclass(eq=False)
@@ -308,6 +310,7 @@ def _cuda_move(model, call: cst.Call, scope: Scope):
     kind = _cuda_device(model, device, scope) if device is not None else None
     if kind is None:
         return None  # dtype-only `.to(torch.bfloat16)`, or a device of unknown origin
+    rest = [a for a in rest if a.keyword is None or a.keyword.value not in _TRANSFER_FLAGS]
     if len(rest) > 1 or any(a.keyword is not None and a.keyword.value != "dtype" for a in rest):
         return None
     return (rest[0] if rest else None), (kind if kind != "cuda" else None)

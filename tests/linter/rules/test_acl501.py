@@ -235,6 +235,21 @@ def test_frozen_helpers_moved_to_cuda_after_the_accelerator_are_on_the_ranks_gpu
     assert acl501.fixed(DIFFUSERS) == textwrap.dedent(DIFFUSERS)
 
 
+def test_a_non_blocking_move_is_the_same_move(acl501, at):
+    """diffusers' EMA offload: `ema_unet.to(device="cuda", non_blocking=True)`."""
+    hint = DIFFUSERS.replace('ema_unet.to("cuda")', 'ema_unet.to(device="cuda", non_blocking=True)')
+    assert acl501.diagnostics(hint)[0].is_hint
+    source = """
+    from accelerate import Accelerator
+
+    accelerator = Accelerator()
+    model = Net().to("cuda:0", non_blocking=True)
+    model = accelerator.prepare(model)
+    """
+    assert acl501.findings(source) == [("ACL501", *at(source, "to("))]
+    assert "\nmodel = Net()\n" in acl501.fixed(source)
+
+
 def test_a_frozen_helper_moved_to_a_fixed_index_is_reported_without_a_fix(acl501, at):
     source = DIFFUSERS.replace('text_encoder.to("cuda", dtype', 'text_encoder.to("cuda:0", dtype')
     (warning,) = [d for d in acl501.diagnostics(source) if not d.is_hint]
