@@ -23,6 +23,15 @@ caller gates the optimizer step is checked against that gate; its fix is offered
 can be read inside the function (`self.accum`). A loop that steps only through a function of the
 module (`if not (i + 1) % K: step()`) is gated by that call's condition.
 
+Not flagged: a loss divided on its way by any divisor (K, the window's sample or token count,
+`loss.sum().mul(scale / batch_gpu_total)`); gradients divided before the step (`p.grad.div_(K)`,
+`p.grad /= K`, `torch._foreach_div_(grads, K)`), also inside a function or method the loop calls;
+a backward whose gradients a step of every iteration consumes (an RL critic stepped each
+iteration beside an actor stepped every `policy_frequency` iterations); and a window that sums
+its samples on purpose: a loss multiplied by the batch size (`loss * x.size(0)`), or a module
+that rescales its weight decay by the window's sample count (YOLO's
+`hyp["weight_decay"] *= batch_size * accumulate / nbs`).
+
 ## Why is this bad?
 Each micro-batch loss is already a mean, so backpropagating it undivided leaves the sum of N
 gradients in `.grad`: N times the gradient of the large-batch mean. For SGD that is an N-times
@@ -53,8 +62,10 @@ for i, (x, y) in enumerate(dl):
 Safe. `loss = loss / K` is inserted just before the backward when the loss is a plain name;
 otherwise the expression becomes `(expr / K).backward()`, and each loss of
 `torch.autograd.backward([l1, l2])` is divided in place. K is spelled as in the step gate. No fix
-is offered when the loss comes from a call the linter cannot see into, since it might divide
-already. `accelerator.backward` and `engine.backward` divide by themselves and are never flagged.
+is offered when the loss comes from a call the linter cannot see into (an imported helper, a loss
+object built from a class outside torch, or a loss callable passed in as a parameter that no
+caller of the module fills with a torch loss), since it might divide or sum on purpose already.
+`accelerator.backward` and `engine.backward` divide by themselves and are never flagged.
 
 ## At runtime
 Heuristic warning, raw loops only (the engine and Accelerate divide themselves). At each

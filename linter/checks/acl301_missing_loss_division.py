@@ -7,6 +7,7 @@ import libcst as cst
 from linter.context import make_fix
 from linter.model.cst_util import code, dotted, int_value, strip_parens, walk
 from linter.model.loops import same_path
+from linter.model.window_sums import decay_rescaled_by_window
 
 
 def check(ctx) -> None:
@@ -24,20 +25,23 @@ def check(ctx) -> None:
             if model.on_update_step(loop, site.stmt):
                 continue
             flow = model.flow(site)
-            if flow is not None and flow.state == "undivided" and not _handed_k(flow, gate):
-                _report(ctx, gate, site, flow)
+            if flow is None or flow.state != "undivided" or _handed_k(flow, gate):
+                continue
+            if flow.per_sample or decay_rescaled_by_window(model, gate.k) is not None:
+                continue  # the window sums its samples on purpose (YOLO's nominal batch)
+            _report(ctx, gate, site, flow)
 
 
 def _divided_elsewhere_on_its_path(model, loop, site) -> bool:
     """An engine backward that divides by K, or a division of the gradients, in an iteration
-    that runs this backward (also inside a function the loop steps through). Another branch
-    (`if fp16: optimizer.backward(loss) else: loss.backward()`) does not cover this one."""
-    for other in loop.of_kind("engine_backward", "grad_div"):
-        if other.kind == "engine_backward" and not model.divides_by_k(other):
-            continue
-        if same_path(other.stmt, site.stmt):
+    that runs this backward; gradients divided by a function the loop calls count too
+    (`self._optimizer_step()` calling `self._average_gradients()`), as do those of the loop that
+    calls this per-batch function. Another branch (`if fp16: optimizer.backward(loss) else:
+    loss.backward()`) does not cover this one."""
+    for other in loop.of_kind("engine_backward"):
+        if model.divides_by_k(other) and same_path(other.stmt, site.stmt):
             return True
-    return any(same_path(call, site.stmt) for call, _ in model.step_helper_sites(loop, "grad_div"))
+    return bool(model.reached_sites(loop, site.stmt, "grad_div"))
 
 
 def _handed_k(flow, gate) -> bool:

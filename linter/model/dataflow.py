@@ -17,6 +17,7 @@ import libcst as cst
 
 from linter.model.cst_util import code, dotted, int_value, method_call, positional
 from linter.model.functions import Def, Scope, Stmt
+from linter.model.window_sums import is_batch_size
 
 if TYPE_CHECKING:
     from linter.model import Model
@@ -58,6 +59,8 @@ class Flow:
     divisors: list[cst.BaseExpression] = field(default_factory=list)
     models: set[str] = field(default_factory=set)
     opaque: list[cst.Call] = field(default_factory=list)  # calls the linter cannot see into
+    # factors that make the loss a sum over the micro-batch's samples (`loss * x.size(0)`)
+    per_sample: list[cst.BaseExpression] = field(default_factory=list)
 
 
 def _combine(*states: str) -> str:
@@ -260,6 +263,8 @@ class Tracer:
 
     def _factor(self, node, scope: Scope, order: int, depth: int):
         """(state, node) of one side of a product."""
+        if is_batch_size(self.model, node, scope, order):
+            self.flow.per_sample.append(node)
         return self._expr(node, scope, order, depth, None), node
 
     def _product(self, factors) -> str:
@@ -292,11 +297,17 @@ class Tracer:
             if method in _DIV_METHODS:
                 self.flow.divisors.extend(positional(node)[:1])
                 return DIVIDED
-            if method in ("mul", "mul_") and positional(node):
+            if method in ("mul", "mul_", "multiply") and positional(node):
                 factor = positional(node)[0]
                 if _is_reciprocal(factor) or self._holds_reciprocal(factor, scope, order):
                     self.flow.divisors.append(factor)
                     return DIVIDED
+                if _is_number(factor):
+                    return self._expr(receiver, scope, order, depth, None)
+                # `loss.sum().mul(loss_scaling / batch_gpu_total)`: a product, as `*` is
+                return self._product(
+                    [self._factor(side, scope, order, depth) for side in (receiver, factor)]
+                )
             if method in _PASS_METHODS:
                 return self._expr(receiver, scope, order, depth, None)
             if method == "detach":
@@ -340,10 +351,11 @@ class Tracer:
 
     def _args(self, node: cst.Call, scope: Scope, order: int, depth: int) -> None:
         """Trace arguments only to learn which models the loss comes from."""
-        opaque = len(self.flow.opaque)
+        opaque, per_sample = len(self.flow.opaque), len(self.flow.per_sample)
         for arg in node.args:
             self._expr(arg.value, scope, order, depth + 1, None)
         del self.flow.opaque[opaque:]  # calls inside the inputs are not on the loss's path
+        del self.flow.per_sample[per_sample:]
 
     def _returns(self, scope: Scope, depth: int, index: int | None) -> str:
         if not scope.returns:
@@ -373,12 +385,37 @@ class Tracer:
         text = dotted(func)
         if text is None or "loss" not in text.lower():
             return False
+        if text in scope.params and not scope.defs.get(text):
+            return self._loss_parameter_unseen(text, scope)
         for d in scope.defs.get(text) or self.model.module_defs(text):
             if isinstance(d.value, cst.Call) and self.model.imports.is_imported(d.value.func):
                 qual = self.model.imports.qualify(d.value.func) or ""
                 if not qual.startswith("torch."):
                     return True
         return False
+
+    def _loss_parameter_unseen(self, name: str, scope: Scope) -> bool:
+        """A loss callable passed in (`def train(model, compute_loss): ...`): its reduction is
+        seen only when every caller of the module hands a torch loss (`nn.MSELoss()`,
+        `F.cross_entropy`); otherwise it is the author's choice, as for an imported helper."""
+        sites = self.model.argument_sites(scope, name)
+        return not sites or not all(self._torch_loss(expr, stmt) for expr, stmt in sites)
+
+    def _torch_loss(self, expr: cst.BaseExpression, stmt: Stmt) -> bool:
+        """`F.mse_loss`, `nn.MSELoss()`, or a name bound to `nn.MSELoss()`."""
+        if (self.model.imports.qualify(expr) or "").startswith("torch.nn.functional."):
+            return True
+        text = dotted(expr)
+        defs = (
+            (stmt.scope.defs_before(text, stmt.order) or self.model.module_defs(text))
+            if text
+            else []
+        )
+        value = defs[-1].value if defs and defs[-1].op == "=" else expr
+        if not isinstance(value, cst.Call):
+            return False
+        built = self.model.imports.qualify(value.func) or ""
+        return built.startswith("torch.nn.") and built.endswith("Loss")
 
     def _is_object(self, func, scope: Scope, order: int) -> bool:
         """A call of an object held in a variable: a model, not a function we cannot see."""

@@ -68,6 +68,9 @@ class Gates:
         gates = [g for s in steps if (g := step_gate(loop, s)) is not None]
         if steps and not gates:
             return None
+        if gates and len(gates) < len(steps):
+            zeroes = [z for z in loop.of_kind("zero_grad") if same_path(z.stmt, stmt)]
+            return step_gate(loop, _consuming_step(steps, zeroes, stmt))
         return gates[0] if gates else gate
 
     def on_update_step(
@@ -96,6 +99,32 @@ class Gates:
             for site in self.sites[id(self.graph.local_function(call.call.func, call.stmt.scope))]
             if site.kind in kinds
         ]
+
+    def reached_sites(self, loop: TrainingLoop, stmt: Stmt, *kinds: str) -> list[Site]:
+        """Sites of `kinds` that can run in an iteration through `stmt`: in the loop on its
+        path, or in the module functions the loop calls on that path and in what those call
+        (`self._optimizer_step()` calling `self._average_gradients()`). For a per-batch function
+        checked against its caller's gate, what the calling loop runs counts as well."""
+        found = [s for s in loop.sites if s.kind in kinds and same_path(s.stmt, stmt)]
+        calls = [c for c in loop.scope.calls if _runs_with(c.stmt, loop.node, stmt)]
+        caller = loop.gate.caller if loop.gate is not None else None
+        for call in self.graph.callers(loop.scope) if caller is not None else ():
+            around = call.stmt.loops()
+            if call.stmt.scope is not caller or not around:
+                continue
+            runs = partial(_runs_with, loop=around[-1], other=call.stmt)
+            found += [s for s in self.sites[id(caller)] if s.kind in kinds and runs(s.stmt)]
+            calls += [c for c in caller.calls if runs(c.stmt)]
+        seen = {id(loop.scope)}
+        while calls:
+            callee = self.graph.local_function(calls[0].call.func, calls[0].stmt.scope)
+            calls = calls[1:]
+            if callee is None or id(callee) in seen:
+                continue
+            seen.add(id(callee))
+            found += [s for s in self.sites[id(callee)] if s.kind in kinds]
+            calls += callee.calls
+        return found
 
     def _step_helper_calls(self, loop: TrainingLoop):
         """Calls, in the loop's own body, of module functions that step an optimizer."""
@@ -167,3 +196,36 @@ def short_name(node: cst.BaseExpression) -> str:
 def branches(frames) -> set[tuple[int, bool]]:
     """The `if` branches (node, which arm) a statement sits in."""
     return {(id(f.node), f.holds) for f in frames if f.kind == "if"}
+
+
+def _runs_with(stmt: Stmt, loop: cst.CSTNode, other: Stmt) -> bool:
+    """Whether `stmt` is in `loop` (a loop, or a function that is one micro-step) and can run
+    in the same iteration as `other`."""
+    inside = loop is stmt.scope.node or any(f.node is loop for f in stmt.frames)
+    return inside and same_path(stmt, other)
+
+
+def _consuming_step(steps: list[Site], zeroes: list[Site], stmt: Stmt) -> Site:
+    """The step that consumes what `stmt` leaves in `.grad`: the next one in the iteration (or,
+    past the last, the first of the next) whose optimizer is not zeroed on the way. A gate makes
+    a window only for the optimizer it gates: in an RL loop `qf_loss.backward();
+    q_optimizer.step()` runs every iteration while the actor's step waits for `global_step %
+    policy_frequency == 0`; a GAN's `d_opt.zero_grad(); d_loss.backward(); d_opt.step()` after
+    `g_loss.backward()` leaves the generator's gradients to the gated `g_opt.step()`."""
+    ordered = sorted(steps, key=lambda s: s.stmt.order)
+    later = [s for s in ordered if s.stmt.order > stmt.order]
+    for step in later:
+        wiped = any(
+            z.receiver == _stepped(step) and stmt.order < z.stmt.order < step.stmt.order
+            for z in zeroes
+        )
+        if not wiped:
+            return step
+    return ordered[0]
+
+
+def _stepped(step: Site) -> str | None:
+    """The optimizer a step site steps: `opt` of `opt.step()` and of `scaler.step(opt)`."""
+    if step.kind == "scaler_step" and step.call is not None and step.call.args:
+        return dotted(step.call.args[0].value)
+    return step.receiver

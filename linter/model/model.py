@@ -177,6 +177,9 @@ class Model:
     ) -> bool:
         return self.gates.on_update_step(loop, stmt, node)
 
+    def reached_sites(self, loop: TrainingLoop, stmt: Stmt, *kinds: str) -> list[Site]:
+        return self.gates.reached_sites(loop, stmt, *kinds)
+
     def step_helper_sites(self, loop: TrainingLoop, *kinds: str) -> list[tuple[Stmt, Site]]:
         return self.gates.step_helper_sites(loop, *kinds)
 

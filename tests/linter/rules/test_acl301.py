@@ -738,3 +738,339 @@ def test_a_parenthesised_receiver_is_divided_in_both_arms(acl301):
         "    (scaler.scale(loss) if use_amp else loss).backward()",
         "    ((scaler.scale(loss) if use_amp else loss) / 4).backward()",
     )
+
+
+# Issue 22: false alarms on public training code. -------------------------------------------------
+
+EDM_ROUNDS = """
+import torch
+
+
+def training_loop(net, optimizer, dataset_iterator, loss_fn, batch_size, batch_gpu, num_gpus):
+    batch_gpu_total = batch_size // num_gpus
+    num_accumulation_rounds = batch_gpu_total // batch_gpu
+    while True:
+        optimizer.zero_grad(set_to_none=True)
+        for round_idx in range(num_accumulation_rounds):
+            images, labels = next(dataset_iterator)
+            loss = loss_fn(net=net, images=images, labels=labels)
+            loss.sum().mul(loss_scaling / batch_gpu_total).backward()
+        optimizer.step()
+"""
+
+
+@pytest.mark.parametrize(
+    "normalised",
+    [
+        "loss.sum().mul(loss_scaling / batch_gpu_total)",
+        "loss.sum().mul_(1.0 / batch_gpu_total)",
+        "loss.sum() * (loss_scaling / batch_gpu_total)",
+        "loss.sum().div(batch_gpu_total)",
+        "loss.sum() / (batch_gpu * num_accumulation_rounds)",
+        "torch.mul(loss.sum(), loss_scaling / batch_gpu_total)",
+    ],
+)
+def test_loss_normalised_by_the_window_sample_count(acl301, normalised):
+    # NVlabs EDM: per-sample losses summed, then divided by the samples of the whole window
+    source = EDM_ROUNDS.replace("loss.sum().mul(loss_scaling / batch_gpu_total)", normalised)
+    assert acl301.findings(source) == []
+
+
+def test_loss_summed_but_scaled_without_the_window_is_flagged(acl301, at):
+    source = EDM_ROUNDS.replace("mul(loss_scaling / batch_gpu_total)", "mul(loss_scaling)")
+    (diagnostic,) = acl301.diagnostics(source)
+    assert (diagnostic.start.line, diagnostic.start.column) == at(source, "loss.sum().mul(")
+    assert diagnostic.fix is None  # `loss_fn` is handed in: its reduction is not visible
+    visible = source.replace(
+        "loss_fn(net=net, images=images, labels=labels)",
+        'torch.nn.functional.mse_loss(net(images), labels, reduction="none")',
+    )
+    assert acl301.findings(visible) == [("ACL301", *at(visible, "loss.sum().mul("))]
+    assert "(loss.sum().mul(loss_scaling) / num_accumulation_rounds).backward()" in (
+        acl301.fixed(visible)
+    )
+
+
+YOLO_NOMINAL_BATCH = """
+import torch
+from utils.loss import ComputeLoss
+
+
+def train(hyp, opt, device):
+    batch_size = opt.batch_size
+    nbs = 64  # nominal batch size
+    accumulate = max(round(nbs / batch_size), 1)  # accumulate loss before optimizing
+    hyp["weight_decay"] *= batch_size * accumulate / nbs  # scale weight_decay
+    optimizer = smart_optimizer(model, opt.optimizer, hyp["lr0"], hyp["weight_decay"])
+    scaler = torch.cuda.amp.GradScaler(enabled=amp)
+    compute_loss = ComputeLoss(model)
+    last_opt_step = -1
+    for epoch in range(start_epoch, epochs):
+        for i, (imgs, targets, paths, _) in enumerate(train_loader):
+            ni = i + nb * epoch
+            with torch.cuda.amp.autocast(amp):
+                pred = model(imgs)
+                loss, loss_items = compute_loss(pred, targets.to(device))  # scaled by batch_size
+            scaler.scale(loss).backward()
+            if ni - last_opt_step >= accumulate:
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=10.0)
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad()
+                last_opt_step = ni
+"""
+
+
+def test_window_summed_up_to_a_nominal_batch_on_purpose(acl301):
+    # ultralytics/yolov5: the decay follows the window's sample count, so its gradient is a sum
+    assert acl301.findings(YOLO_NOMINAL_BATCH) == []
+    attribute = YOLO_NOMINAL_BATCH.replace(
+        'hyp["weight_decay"] *= batch_size * accumulate / nbs',
+        "cfg.weight_decay = cfg.weight_decay * batch_size * accumulate / nbs",
+    )
+    assert acl301.findings(attribute) == []
+
+
+def test_nominal_batch_without_rescaled_decay_is_still_flagged(acl301, at):
+    # a K derived from a target batch is as common with mean losses (nanoGPT's total_batch_size)
+    source = YOLO_NOMINAL_BATCH.replace(
+        '    hyp["weight_decay"] *= batch_size * accumulate / nbs  # scale weight_decay\n', ""
+    )
+    assert acl301.findings(source) == [("ACL301", *at(source, "scaler.scale(loss).backward()"))]
+    lr_scaled = YOLO_NOMINAL_BATCH.replace('hyp["weight_decay"] *=', 'hyp["lr0"] *=')
+    assert acl301.findings(lr_scaled) == [("ACL301", *at(lr_scaled, "scaler.scale(loss)"))]
+    by_k_only = YOLO_NOMINAL_BATCH.replace("batch_size * accumulate / nbs", "accumulate")
+    assert acl301.findings(by_k_only) == [("ACL301", *at(by_k_only, "scaler.scale(loss)"))]
+
+
+@pytest.mark.parametrize("size", ["imgs.size(0)", "imgs.shape[0]", "len(imgs)", "batch_size"])
+def test_loss_multiplied_by_the_batch_size_is_a_sum_on_purpose(acl301, at, size):
+    source = f"""
+    import torch.nn.functional as F
+
+    def train(model, loader, optimizer, batch_size, accum_iter):
+        for it, (imgs, targets) in enumerate(loader):
+            loss = F.smooth_l1_loss(model(imgs), targets) * {size}
+            loss.backward()
+            if (it + 1) % accum_iter == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+    assert acl301.findings(source) == []
+    weighted = source.replace(f"* {size}", "* box_gain")
+    assert acl301.findings(weighted) == [("ACL301", *at(weighted, "loss.backward()"))]
+
+
+AVERAGING_TRAINER = """
+import torch
+import torch.nn.functional as F
+
+
+class Trainer:
+    def __init__(self, model, optimizer, loader, accum_steps=4):
+        self.model = model
+        self.optimizer = optimizer
+        self.loader = loader
+        self.accum_steps = accum_steps
+
+    def _average_gradients(self):
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.div_(self.accum_steps)
+
+    def _optimizer_step(self):
+        self._average_gradients()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def train_step(self, batch):
+        inputs, targets = batch
+        loss = F.cross_entropy(self.model(inputs), targets)
+        loss.backward()
+        return loss.item()
+
+    def train(self):
+        for i, batch in enumerate(self.loader):
+            self.train_step(batch)
+            if (i + 1) % self.accum_steps == 0:
+                self._optimizer_step()
+"""
+
+
+@pytest.mark.parametrize(
+    "division",
+    [
+        "p.grad.div_(self.accum_steps)",
+        "p.grad /= self.accum_steps",
+        "p.grad.data.mul_(1.0 / self.accum_steps)",
+    ],
+)
+def test_gradients_divided_in_a_helper_method(acl301, division):
+    source = AVERAGING_TRAINER.replace("p.grad.div_(self.accum_steps)", division)
+    assert acl301.findings(source) == []
+
+
+def test_trainer_without_the_gradient_average_is_flagged(acl301, at):
+    source = AVERAGING_TRAINER.replace("        self._average_gradients()\n", "")
+    assert acl301.findings(source) == [("ACL301", *at(source, "loss.backward()"))]
+    assert "        (loss / self.accum_steps).backward()\n" in acl301.fixed(source)
+
+
+FOREACH_HELPER = """
+import torch
+import torch.nn.functional as F
+
+
+def scale_grads(model, accum_steps):
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    torch._foreach_div_(grads, accum_steps)
+
+
+def train(model, optimizer, loader, accum_steps):
+    model.train()
+    for step, (x, y) in enumerate(loader):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        if (step + 1) % accum_steps == 0:
+            scale_grads(model, accum_steps)
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+
+def test_gradients_divided_by_a_helper_function_the_loop_calls(acl301, at):
+    assert acl301.findings(FOREACH_HELPER) == []
+    # called once before training (say, to check the hook): the windows are not divided
+    before = FOREACH_HELPER.replace("            scale_grads(model, accum_steps)\n", "").replace(
+        "    model.train()\n", "    model.train()\n    scale_grads(model, accum_steps)\n"
+    )
+    assert acl301.findings(before) == [("ACL301", *at(before, "loss.backward()"))]
+
+
+def test_gradients_divided_in_the_loop_of_a_per_batch_method(acl301):
+    source = AVERAGING_TRAINER.replace(
+        "                self._optimizer_step()",
+        "                for p in self.model.parameters():\n"
+        "                    p.grad /= self.accum_steps\n"
+        "                self.optimizer.step()\n"
+        "                self.optimizer.zero_grad()",
+    )
+    assert acl301.findings(source) == []
+
+
+TD3 = """
+import torch
+import torch.nn.functional as F
+
+for global_step in range(args.total_timesteps):
+    data = rb.sample(args.batch_size)
+    with torch.no_grad():
+        next_state_actions = target_actor(data.next_observations)
+        qf1_next_target = qf1_target(data.next_observations, next_state_actions)
+        next_q_value = data.rewards.flatten() + args.gamma * qf1_next_target.view(-1)
+    qf1_a_values = qf1(data.observations, data.actions).view(-1)
+    qf_loss = F.mse_loss(qf1_a_values, next_q_value)
+
+    q_optimizer.zero_grad()
+    qf_loss.backward()
+    q_optimizer.step()
+
+    if global_step % args.policy_frequency == 0:
+        actor_loss = -qf1(data.observations, actor(data.observations)).mean()
+        actor_optimizer.zero_grad()
+        actor_loss.backward()
+        actor_optimizer.step()
+"""
+
+
+def test_delayed_policy_update_is_not_accumulation(acl301):
+    # cleanrl TD3/SAC: the critic steps every iteration, the actor every policy_frequency
+    assert acl301.findings(TD3) == []
+
+
+def test_critic_accumulated_under_the_delay_gate_is_flagged(acl301, at):
+    # the critic's step moved under the gate: its window now sums policy_frequency losses
+    critic_step = "        q_optimizer.step()\n        q_optimizer.zero_grad()\n"
+    source = (
+        TD3.replace("    q_optimizer.zero_grad()\n", "")
+        .replace("    q_optimizer.step()\n", "")
+        .replace(
+            "        actor_optimizer.step()\n", "        actor_optimizer.step()\n" + critic_step
+        )
+    )
+    assert acl301.findings(source) == [("ACL301", *at(source, "qf_loss.backward()"))]
+
+
+def test_loss_callable_passed_in_gets_no_fix(acl301, at):
+    # the reduction of `compute_loss` is whatever the caller hands in: YOLO's sums on purpose
+    source = """
+    import torch
+
+    def train(model, compute_loss, loader, optimizer, scaler, accumulate):
+        last_opt_step = -1
+        for i, (imgs, targets) in enumerate(loader):
+            with torch.autocast("cuda"):
+                loss, loss_items = compute_loss(model(imgs), targets)
+            scaler.scale(loss).backward()
+            if i - last_opt_step >= accumulate:
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad()
+                last_opt_step = i
+    """
+    (diagnostic,) = acl301.diagnostics(source)
+    assert (diagnostic.start.line, diagnostic.start.column) == at(source, "scaler.scale(loss)")
+    assert "`compute_loss`" in diagnostic.message
+    assert diagnostic.fix is None
+    assert acl301.fixed(source, unsafe=True) == textwrap.dedent(source)
+
+
+def test_loss_callable_the_caller_builds_from_torch_keeps_its_fix(acl301, at):
+    source = """
+    import torch.nn as nn
+
+    def train(model, loss_fn, loader, optimizer, accum):
+        for i, (x, y) in enumerate(loader):
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            if (i + 1) % accum == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+
+    train(net, nn.MSELoss(), train_loader, opt, 4)
+    """
+    assert acl301.findings(source) == [("ACL301", *at(source, "loss.backward()"))]
+    assert "loss = loss / accum\n" in acl301.fixed(source)
+    named = source.replace(
+        "    train(net, nn.MSELoss(), train_loader, opt, 4)",
+        "    mse = nn.MSELoss()\n    train(net, mse, train_loader, opt, 4)",
+    )
+    assert "loss = loss / accum\n" in acl301.fixed(named)
+    custom = source.replace("nn.MSELoss()", "FocalLoss(gamma=2)").replace(
+        "import torch.nn as nn", "from losses import FocalLoss"
+    )
+    (diagnostic,) = acl301.diagnostics(custom)
+    assert diagnostic.fix is None
+
+
+def test_generator_accumulated_beside_a_discriminator_stepped_every_batch(acl301, at):
+    # the discriminator's zero_grad wipes what its own step would have taken of `g_loss`
+    source = """
+    import torch
+    import torch.nn.functional as F
+
+    for i, (real, _) in enumerate(loader):
+        fake = generator(torch.randn(real.size(0), nz, 1, 1, device=device))
+        g_loss = F.binary_cross_entropy_with_logits(discriminator(fake), ones)
+        g_loss.backward()
+        d_optimizer.zero_grad()
+        d_loss = F.binary_cross_entropy_with_logits(discriminator(fake.detach()), zeros)
+        d_loss.backward()
+        d_optimizer.step()
+        if (i + 1) % args.accum_steps == 0:
+            g_optimizer.step()
+            g_optimizer.zero_grad()
+    """
+    assert acl301.findings(source) == [("ACL301", *at(source, "g_loss.backward()"))]
