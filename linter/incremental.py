@@ -147,10 +147,11 @@ def _assemble(chunks: list[_Chunk], source: str) -> cst.Module:
     body: list[cst.BaseStatement] = []
     carried: tuple[cst.EmptyLine, ...] = ()
     for chunk in chunks:
-        statement = chunk.module.body[0]
+        statement, *rest = chunk.module.body
         if carried:
             statement = statement.with_changes(leading_lines=(*carried, *statement.leading_lines))
         body.append(statement)
+        body.extend(rest)
         carried = tuple(chunk.module.footer)
     first, last = chunks[0].module, chunks[-1].module
     indent = next((c.module.default_indent for c in chunks if c.indented), first.default_indent)
@@ -165,6 +166,49 @@ def _assemble(chunks: list[_Chunk], source: str) -> cst.Module:
         default_newline=first.default_newline,
         has_trailing_newline=last.has_trailing_newline,
     )
+
+
+def parse_in_pieces(source: str, tree: ast.Module, piece_bytes: int = 64 * 1024) -> cst.Module:
+    """The libcst module of a big `source`, parsed a run of top-level statements at a time.
+
+    libcst's native parser holds the tokens and its own tree of all the text it is given until
+    it has built the Python nodes: about 400 bytes per byte of source, ten times the tree it
+    returns. Given pieces of `piece_bytes`, it holds one piece's; the assembled tree equals the
+    whole parse (as for the cache's chunks), and a cut libcst disagrees with falls back to it."""
+    lines = _LINES.findall(source)
+    groups = _statement_groups(tree)
+    if not groups:
+        return cst.parse_module(source)
+    texts = _chunk_texts(lines, [start for start, _ in groups])
+    pieces: list[list[str]] = []
+    size = piece_bytes
+    for text in texts:
+        if size >= piece_bytes:
+            pieces.append([])
+            size = 0
+        pieces[-1].append(text)
+        size += len(text)
+    try:
+        chunks = [_parse_piece("".join(piece), len(piece)) for piece in pieces]
+        return _assemble(chunks, source)
+    except (_NotOneStatement, _Unshareable, cst.ParserSyntaxError):
+        return cst.parse_module(source)
+
+
+# A line indented into a block (or a continuation line: then the piece is only judged by the
+# file's indentation too, and a mismatch falls back to the whole parse).
+_INDENTED = re.compile(r"^[ \t]+\S", re.M)
+
+
+def _parse_piece(text: str, statements: int) -> _Chunk:
+    """One piece parsed alone; only its end can differ from the whole parse (the end of the
+    file there), so that is what is printed back and compared, not the whole piece."""
+    module = cst.parse_module(text)
+    if len(module.body) != statements:
+        raise _NotOneStatement
+    if not text.endswith(module.with_changes(header=(), body=module.body[-1:]).code):
+        raise _NotOneStatement
+    return _Chunk(module, bool(_INDENTED.search(text)))
 
 
 def ast_of(source: str) -> ast.Module | None:

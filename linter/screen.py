@@ -7,8 +7,9 @@ CPython builds its AST in linear time and reports its own limits as errors, so i
 nesting first: a module nested deeper than `MAX_NESTING` gets one ACL000 saying so and is not
 analysed. Real code stays far below the limit.
 
-A module larger than `MAX_BYTES` is not analysed either: libcst and the model need about 1 GB of
-memory and 20 s of CPU per megabyte, so a 10 MB generated file would take minutes and gigabytes.
+A module larger than `MAX_BYTES` is not analysed either: libcst alone parses about 2.5 to 8 s
+of CPU per megabyte (the more nodes per byte, the slower), so a 10 MB generated file would take
+a minute or more (`bench/big_file.py` measures generated modules of several shapes).
 The largest real file that mentions training among ~21,000 is 1.4 MB (torch's
 `common_methods_invocations.py`).
 
@@ -91,13 +92,23 @@ def nesting_depth(tree: ast.AST) -> tuple[int, int]:
     recursion (the tree may be very deep)."""
     deepest, where = 0, 1
     stack = [(tree, 1, 1)]
+    pop, push, node_type = stack.pop, stack.append, ast.AST
     while stack:
-        node, depth, line = stack.pop()
-        if isinstance(node, ast.BoolOp):  # libcst nests `a and b and c` one operand per level
+        node, depth, line = pop()
+        if type(node) is ast.BoolOp:  # libcst nests `a and b and c` one operand per level
             depth += len(node.values) - 2
-        if isinstance(node, ast.stmt) and depth == 2:
+        if depth == 2 and isinstance(node, ast.stmt):
             line = node.lineno
         if depth > deepest:
             deepest, where = depth, line
-        stack.extend((child, depth + 1, line) for child in ast.iter_child_nodes(node))
+        depth += 1
+        # `ast.iter_child_nodes`, inlined: this visits every node of the module.
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if isinstance(value, node_type):
+                push((value, depth, line))
+            elif type(value) is list:
+                for item in value:
+                    if isinstance(item, node_type):
+                        push((item, depth, line))
     return deepest, where
