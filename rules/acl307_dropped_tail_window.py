@@ -13,18 +13,19 @@ RULE = Rule(
     static=True,
     docs="""\
 ## What it does
-Flags a modulo step gate such as `(i + 1) % K == 0`, `i % K == K - 1` or `step % K == 0` (also
-bound to a name, `is_update = ...`, or as an early `if (i + 1) % K != 0: continue`) where `i` is
-the `enumerate` index of a loop over a loader with a length (a name, or one wrapped in `tqdm`)
-and the condition has no other way to the update step (`or i + 1 == len(dl)`, `or is_last`,
-`or accelerator.sync_gradients`). Left alone: counters (`global_step % K`), `while` loops and
-`enumerate(cycle(dl))` / `enumerate(iter(dl))`, where windows may span epochs on purpose; loaders
-without a length (a DataLoader over an `IterableDataset`, a streaming or `to_iterable_dataset()`
-dataset, a generator), on which `len()` raises; one pass over the loader ended by a step budget
-(`if iter_num > max_iters: break` and no epoch loop), which has no epoch tail; a K above 1 only
-under DeepSpeed (`K = cfg["gradient_accumulation_steps"] if accelerator.state.deepspeed_plugin
-else 1`), whose engine steps itself; an optimizer step after the loop that flushes the tail;
-`accumulate()`.
+Flags a modulo step gate such as `(i + 1) % K == 0`, `i % K == K - 1` or `step % K == 0` (also bound
+to a name, `is_update = ...`, or as an early `if (i + 1) % K != 0: continue`) where `i` is the
+`enumerate` index of a loop over a loader with a length (a name, or one wrapped in `tqdm`), or a
+counter restarted for each pass over such a loader (`micro_step = 0` in the epoch loop, `micro_step
++= 1` per batch), and the condition has no other way to the update step (`or i + 1 == len(dl)`, `or
+is_last`, `or accelerator.sync_gradients`). Left alone: counters set once before all epochs
+(`global_step % K`), `while` loops and `enumerate(cycle(dl))` / `enumerate(iter(dl))`, where windows
+may span epochs on purpose; loaders without a length (a DataLoader over an `IterableDataset`, a
+streaming or `to_iterable_dataset()` dataset, a generator), on which `len()` raises; one pass over
+the loader ended by a step budget (`if iter_num > max_iters: break` and no epoch loop), which has no
+epoch tail; a K above 1 only under DeepSpeed (`K = cfg["gradient_accumulation_steps"] if
+accelerator.state.deepspeed_plugin else 1`), whose engine steps itself; an optimizer step after the
+loop that flushes the tail; `accumulate()`.
 
 The message counts what the gate leaves after its last update of a pass: `len(dl) % K` for
 `(i + 1) % K == 0` and `i % K == K - 1` over a 0-based index, `(len(dl) - 1) % K` for

@@ -125,7 +125,7 @@ def _window_gate(model, loop: TrainingLoop, gate: Gate) -> WindowGate | None:
     )
     if window.index is not None and around is not None:
         window.base = _enumerate_base(model, around, window.index, scope) or _counter_base(
-            scope, around, window.index, gate, inside
+            model, scope, around, window.index, gate, inside
         )
     return window
 
@@ -266,7 +266,7 @@ def _sized_loader(model, iterable, scope: Scope, loop: cst.For) -> cst.BaseExpre
 
 
 def _counter_base(
-    scope: Scope, loop: cst.CSTNode, index: str, gate: Gate, inside: list[Stmt]
+    model, scope: Scope, loop: cst.CSTNode, index: str, gate: Gate, inside: list[Stmt]
 ) -> IndexBase | None:
     """The base of a counter incremented once per micro-batch in the loop: its start value,
     plus one when the increment comes before the gate. A counter incremented on the update
@@ -290,7 +290,22 @@ def _counter_base(
         first += 1
     elif step.stmt.order < max(orders):
         return None
-    return IndexBase("counter", first, None, False)
+    loader = _per_epoch_loader(model, scope, loop, starts)
+    return IndexBase("counter", first, loader, loader is not None)
+
+
+def _per_epoch_loader(model, scope: Scope, loop, starts: list[Def]) -> cst.BaseExpression | None:
+    """The sized loader of `for batch in dl:` when the counter restarts for each pass over it
+    (`step = 0` in the epoch loop, before the batch loop): then it counts the pass's
+    micro-batches like an `enumerate` index. A counter set once before all epochs counts
+    across them (windows span epochs on purpose)."""
+    if not isinstance(loop, cst.For):
+        return None
+    outer = next((s.loops() for s in scope.stmts if any(f.node is loop for f in s.frames)), [])
+    outer = outer[: outer.index(loop)] if loop in outer else []
+    if not outer or not all(any(f.node is outer[-1] for f in d.stmt.frames) for d in starts):
+        return None
+    return _sized_loader(model, loop.iter, scope, loop)
 
 
 def _bound_value(d: Def) -> cst.BaseExpression | None:

@@ -557,3 +557,46 @@ def test_a_k_above_one_without_deepspeed_is_a_window(acl307, at):
         "1 if accelerator.state.deepspeed_plugin else args.gradient_accumulation_steps",
     )
     assert acl307.findings(source) == [("ACL307", *at(source, "step % grad_accum"))]
+
+
+def test_a_counter_restarted_for_each_epoch_counts_like_an_index(acl307, at):
+    """`micro_step = 0` in the epoch loop counts the pass's micro-batches: the tail drops."""
+    source = """
+    for epoch in range(args.epochs):
+        micro_step = 0
+        for batch in tqdm(train_loader):
+            (model(**batch).loss / args.grad_accum).backward()
+            micro_step += 1
+            if micro_step % args.grad_accum == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+    assert acl307.findings(source) == [("ACL307", *at(source, "micro_step %"))]
+    assert "the last `len(train_loader) % args.grad_accum` micro-batches" in _message(
+        acl307, source
+    )
+    fixed = acl307.fixed(source, unsafe=True)
+    assert "if micro_step % args.grad_accum == 0 or micro_step == len(train_loader):" in fixed
+    after = source.replace("            micro_step += 1\n", "").replace(
+        "                optimizer.zero_grad()\n",
+        "                optimizer.zero_grad()\n            micro_step += 1\n",
+    )
+    assert "the last `(len(train_loader) - 1) % args.grad_accum` micro-batches" in _message(
+        acl307, after
+    )
+    assert "or micro_step + 1 == len(train_loader):" in acl307.fixed(after, unsafe=True)
+
+
+def test_a_counter_set_once_before_all_epochs(acl307):
+    """Set once, the counter runs across epochs: windows span the epoch boundary on purpose."""
+    source = """
+    micro_step = 0
+    for epoch in range(args.epochs):
+        for batch in train_loader:
+            (model(**batch).loss / args.grad_accum).backward()
+            micro_step += 1
+            if micro_step % args.grad_accum == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+    assert acl307.findings(source) == []
