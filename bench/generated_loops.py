@@ -45,9 +45,9 @@ def linter_failure(loop: Loop) -> str | None:
     return f"missing {missing or '-'}, unexpected {extra or '-'}"
 
 
-def _fix_failure(loop: Loop, want_loop: Loop, unsafe: bool, codes=None, optional=False):
+def _fix_failure(loop: Loop, want_loop: Loop, unsafe: bool, codes=None, repaired=None):
     """What is wrong with the fix of `loop` (None: nothing), compared with `want_loop`; with
-    `optional`, the ground truth's optional safe fixes that were applied join the repairs."""
+    `repaired` given, with `loop` with those codes and the optional fixes applied repaired."""
     outcome = fix(render(loop).source, unsafe=unsafe, codes=codes)
     if outcome.error:
         return "fix error"
@@ -57,10 +57,10 @@ def _fix_failure(loop: Loop, want_loop: Loop, unsafe: bool, codes=None, optional
         return "fixed text does not parse"
     if fix(outcome.text, unsafe=unsafe, codes=codes).text != outcome.text:
         return "second --fix changes the file"
-    if optional:
+    if repaired is not None:  # the optional safe fixes that were applied join the repairs
         left = {d.code for d in outcome.diagnostics}
         applied = {c for c, how in fix_safety(loop).items() if how == "optional" and c not in left}
-        want_loop = corrected(loop, safe_fixes(loop) | applied)
+        want_loop = corrected(loop, repaired | applied)
     want, got = run(render(want_loop).source), run(outcome.text)
     if crashes(want_loop):  # a defect left unrepaired crashes it: the same error, as early
         if not (want.error and got.error) or _last(want.error) != _last(got.error):
@@ -78,12 +78,13 @@ def _last(error: str) -> str:
 
 
 def fix_failure(loop: Loop) -> str | None:
-    return _fix_failure(loop, corrected(loop), unsafe=True)
+    fixable = {code for code, how in fix_safety(loop).items() if how in ("safe", "unsafe")}
+    return _fix_failure(loop, loop, unsafe=True, repaired=fixable)
 
 
 def safe_fix_failure(loop: Loop) -> str | None:
     """Plain --fix trains like the loop with its safely fixable defects repaired."""
-    why = _fix_failure(loop, loop, unsafe=False, optional=True)
+    why = _fix_failure(loop, loop, unsafe=False, repaired=safe_fixes(loop))
     return None if why is None else f"--fix: {why}"
 
 
