@@ -51,7 +51,7 @@ def _too_late_regions(ctx, loop, gate) -> bool:
         if not any(f.node is loop.node for f in region.frames):
             continue
         inside = [s for s in loop.backwards if _in_with(s.stmt, region.with_node)]
-        if not inside or region.target is None:
+        if not inside or region.target is None or region.strategy_decides:
             continue
         held = dist.ddp_held_by(model, region.target, loop.scope) or region.target
         calls = [c for c in model.calls_in_with(region.with_node)]

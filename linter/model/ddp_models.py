@@ -140,10 +140,9 @@ def ddp_held_by(model: Model, text: str | None, scope: Scope, depth: int = 0) ->
                     return held
         return None
     if text in scope.params:
+        # a parameter holds what this module's callers pass; called only from elsewhere, it is
+        # not another function's variable of the same name (`def setup(model)`'s `model`)
         sites = model.argument_sites(scope, text)
-        if not sites:  # called from elsewhere: the module's model of that name, if one
-            same = [m for m in known if m.name == text]
-            return same[0] if same else None
         for expr, stmt in sites:
             held = ddp_held_by(model, dotted(expr), stmt.scope, depth + 1)
             if held is not None:

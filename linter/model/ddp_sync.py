@@ -24,9 +24,21 @@ from linter.model.functions import Def, Scope
 
 if TYPE_CHECKING:
     from linter.model import Model, TrainingLoop
-from linter.model.ddp_models import DDPModel, ddp_held_by, inside, loop_calls
+from linter.model.ddp_models import DDPModel, ddp_held_by, forward_calls, inside, loop_calls
 
-_SYNC_WORDS = {"no_sync", "require_backward_grad_sync", "set_requires_gradient_sync"}  # + FSDP2
+# + FSDP2's switch and Lightning Fabric's `no_backward_sync(model, enabled=...)`
+_SYNC_WORDS = {
+    "no_sync",
+    "require_backward_grad_sync",
+    "set_requires_gradient_sync",
+    "no_backward_sync",
+}
+
+_CONTEXT_DECORATORS = {"contextlib.contextmanager", "contextmanager"}
+
+# Libraries whose context managers do not switch DDP's sync (a call of theirs handed the model
+# is not a sync switch we cannot see into).
+_KNOWN_CONTEXTS = ("torch.", "contextlib.")
 
 
 # no_sync regions and sync toggles --------------------------------------------------------
@@ -42,6 +54,14 @@ class NoSync:
     target: str | None  # the model it is for
     frames: tuple = ()  # the frames of the block's statements (the `with` included)
     bound: Def | None = None  # `ctx = <context>` when the `with` enters a name (`with ctx:`)
+
+    @property
+    def strategy_decides(self) -> bool:
+        """Fabric's `no_backward_sync`: the strategy picks the switch (DDP's `no_sync`, read in
+        the forward; FSDP's, read in the backward), so a block around the backward only may
+        be right."""
+        pair = method_call(self.call)
+        return pair is not None and pair[1] == "no_backward_sync"
 
     @property
     def where(self) -> cst.CSTNode:
@@ -64,7 +84,10 @@ def no_sync_regions(model: Model, scope: Scope) -> list[NoSync]:
             contexts = _entered(model, item.item, scope, frames)
             for context, bound in contexts:
                 for node, conditional in _context_calls(context, len(contexts) > 1):
-                    enters, target = _no_sync_target(node)
+                    enters, target, maybe = _no_sync_target(node)
+                    if not enters:
+                        enters, target, maybe = _helper_no_sync(model, node, scope)
+                    conditional = conditional or maybe
                     if enters:
                         region = NoSync(with_node, item, node, conditional, target, frames, bound)
                         found.append(region)
@@ -113,6 +136,10 @@ def mentions_sync_control(model: Model, loop: TrainingLoop) -> bool:
     (`ctx = model.no_sync if ... else ...`)."""
     if _mentions(loop.node):
         return True
+    if any(inside_loop(r.frames, loop) for r in no_sync_regions(model, loop.scope)):
+        return True  # a context manager of the module that enters `no_sync`
+    if _opaque_context(model, loop):
+        return True
     if isinstance(loop.node, cst.FunctionDef) and _caller_controls_sync(model, loop.scope):
         return True
     for c in loop_calls(model, loop):
@@ -127,6 +154,46 @@ def mentions_sync_control(model: Model, loop: TrainingLoop) -> bool:
                 return True
         scope = scope.parent
     return False
+
+
+def inside_loop(frames: tuple, loop: TrainingLoop) -> bool:
+    """Frames of a statement in the loop's body (any statement when the function is the loop)."""
+    return isinstance(loop.node, cst.FunctionDef) or any(f.node is loop.node for f in frames)
+
+
+def _opaque_context(model: Model, loop: TrainingLoop) -> bool:
+    """A `with helper(ddp, ...):` around a DDP model's forward and a backward, whose helper this
+    module cannot read (`misc.ddp_sync(ddp, sync=...)` from another module of the project): it
+    may enter `no_sync`, so the loop is not known to miss it."""
+    for with_node, frames in loop.scope.withs:
+        if not inside_loop(frames, loop):
+            continue
+        for item in with_node.items:
+            call = item.item
+            if not isinstance(call, cst.Call) or _readable(model, call, loop.scope):
+                continue
+            qual = model.imports.qualify(call.func) or ""
+            if qual.startswith(_KNOWN_CONTEXTS):
+                continue
+            handed = [
+                held
+                for arg in call.args
+                if (held := ddp_held_by(model, dotted(arg.value), loop.scope)) is not None
+            ]
+            body = model.calls_in_with(with_node)
+            wraps_backward = any(
+                any(f.node is with_node for f in s.stmt.frames) for s in loop.backwards
+            )
+            if wraps_backward and any(forward_calls(model, body, held) for held in handed):
+                return True
+    return False
+
+
+def _readable(model: Model, call: cst.Call, scope: Scope) -> bool:
+    """A function or class of this module (what it enters is known)."""
+    if model.local_function(call.func, scope) is not None:
+        return True
+    return dotted(call.func) in model.class_names
 
 
 def _caller_controls_sync(model: Model, scope: Scope) -> bool:
@@ -156,19 +223,108 @@ def _mentions(node: cst.CSTNode) -> bool:
     return False
 
 
-def _no_sync_target(call: cst.Call) -> tuple[bool, str | None]:
-    """(whether the call enters `no_sync`, the model it is for): `m.no_sync()`,
-    `accelerator.no_sync(m)`, `getattr(m, "no_sync", nullcontext)()`."""
+def _no_sync_target(call: cst.Call) -> tuple[bool, str | None, bool]:
+    """(whether the call enters `no_sync`, the model it is for, whether only on some calls):
+    `m.no_sync()`, `accelerator.no_sync(m)`, `getattr(m, "no_sync", nullcontext)()`, Lightning
+    Fabric's `fabric.no_backward_sync(m, enabled=is_accumulating)` (a no-op when not enabled)."""
     pair = method_call(call)
     if pair is not None and pair[1] == "no_sync":
         args = positional(call)
-        return True, dotted(args[0]) if args else dotted(pair[0])
+        return True, dotted(args[0]) if args else dotted(pair[0]), False
+    if pair is not None and pair[1] == "no_backward_sync":
+        args = positional(call)
+        enabled = keyword(call, "enabled")
+        if enabled is None and len(args) > 1:
+            enabled = args[1]
+        if not args or is_false(enabled):
+            return False, None, False
+        return True, dotted(args[0]), not (enabled is None or dotted(enabled) == "True")
     inner = call.func
     if isinstance(inner, cst.Call) and dotted(inner.func) == "getattr":
         args = positional(inner)
         if len(args) >= 2 and string_value(args[1]) == "no_sync":
-            return True, dotted(args[0])
-    return False, None
+            return True, dotted(args[0]), False
+    return False, None, False
+
+
+# context managers of the module that enter `no_sync` -------------------------------------------
+def _helper_no_sync(model: Model, call: cst.Call, scope: Scope) -> tuple[bool, str | None, bool]:
+    """A context manager this module defines (a `@contextmanager` function, or a class with
+    `__enter__`) that enters `no_sync` on a parameter: (True, the argument this call passes for
+    it, whether the helper enters it only on some paths), as NVlabs' `ddp_sync(module, sync)`
+    does (`if sync: yield` else `with module.no_sync(): yield`)."""
+    helper = _context_helper(model, call, scope)
+    if helper is None:
+        return False, None, False
+    methods, binder = helper
+    for method in methods:
+        for site, frames in _no_sync_sites(model, method):
+            _, target, maybe = _no_sync_target(site)
+            param = _param_of(target, binder)
+            argument = _argument_for(call, binder, param) if param else None
+            if argument is not None:
+                conditional = maybe or any(f.kind in ("if", "exit") for f in frames)
+                return True, dotted(argument), conditional
+    return False, None, False
+
+
+def _context_helper(model: Model, call: cst.Call, scope: Scope):
+    """([scopes whose code runs on entry], the scope whose parameters the call binds)."""
+    function = model.local_function(call.func, scope)
+    if function is not None:
+        decorators = function.node.decorators
+        names = {model.imports.qualify(_decorator_name(d)) for d in decorators}
+        return ([function], function) if names & _CONTEXT_DECORATORS else None
+    name = dotted(call.func)
+    if name is None or name not in model.class_names:
+        return None
+    methods = [s for s in model.function_defs.get("__enter__", ()) if s.class_name == name]
+    inits = [s for s in model.function_defs.get("__init__", ()) if s.class_name == name]
+    if not methods:
+        return None
+    return methods, (inits[0] if inits else methods[0])
+
+
+def _decorator_name(decorator: cst.Decorator) -> cst.BaseExpression:
+    node = decorator.decorator
+    return node.func if isinstance(node, cst.Call) else node
+
+
+def _no_sync_sites(model: Model, scope: Scope):
+    """(`no_sync`-entering call, its frames) in a helper: `with m.no_sync():` items and calls."""
+    for with_node, frames in scope.withs:
+        for item in with_node.items:
+            if isinstance(item.item, cst.Call) and _no_sync_target(item.item)[0]:
+                yield item.item, frames
+    for c in scope.calls:
+        if _no_sync_target(c.call)[0]:
+            yield c.call, c.stmt.frames
+
+
+def _param_of(target: str | None, binder: Scope) -> str | None:
+    """The parameter `target` is: itself, or `self.<attr>` that `__init__` sets from one."""
+    if target is None:
+        return None
+    if target in binder.params and target not in ("self", "cls"):
+        return target
+    for d in binder.defs.get(target, ()) if target.startswith("self.") else ():
+        source = dotted(d.value) if d.op == "=" and d.tuple_index is None else None
+        if source in binder.params:
+            return source
+    return None
+
+
+def _argument_for(call: cst.Call, binder: Scope, param: str) -> cst.BaseExpression | None:
+    """The expression a call passes for `param` (methods are called without their `self`)."""
+    names = list(binder.params)
+    if binder.class_name is not None and names and names[0] in ("self", "cls"):
+        names = names[1:]
+    by_keyword = keyword(call, param)
+    if by_keyword is not None:
+        return by_keyword
+    args = positional(call)
+    position = names.index(param) if param in names else -1
+    return args[position] if 0 <= position < len(args) else None
 
 
 def syncs_each_batch(model: Model) -> bool:

@@ -666,3 +666,355 @@ def test_fsdp2_with_the_sync_switch_or_without_accumulation_is_not_flagged(acl40
     not_torch = FSDP2.replace("from torch.distributed.fsdp import", "from mylib import")
     for source in (switched, helper, every_step, only_blocks, not_torch):
         assert acl401.findings(source) == [], source
+
+
+# Sync switches the loop reaches through a helper or a framework (issue 22) ------------------
+EDM_HELPER = """
+import contextlib
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+@contextlib.contextmanager
+def ddp_sync(module, sync):
+    assert isinstance(module, torch.nn.Module)
+    if sync or not isinstance(module, DDP):
+        yield
+    else:
+        with module.no_sync():
+            yield
+
+"""
+
+EDM_LOOP = """
+def training_loop(net, loss_fn, optimizer, dataset_iterator, batch_gpu, num_accumulation_rounds):
+    ddp = DDP(net, device_ids=[device], broadcast_buffers=False)
+    while True:
+        optimizer.zero_grad(set_to_none=True)
+        for round_idx in range(num_accumulation_rounds):
+            with ddp_sync(ddp, (round_idx == num_accumulation_rounds - 1)):
+                images, labels = next(dataset_iterator)
+                loss = loss_fn(net=ddp, images=images, labels=labels)
+                loss.sum().mul(1 / (batch_gpu * num_accumulation_rounds)).backward()
+        optimizer.step()
+"""
+
+
+def test_context_manager_of_the_module_that_enters_no_sync_counts_as_no_sync(acl401):
+    """NVlabs EDM / StyleGAN: `ddp_sync(module, sync)` enters `module.no_sync()` unless `sync`."""
+    keyword = EDM_LOOP.replace("ddp_sync(ddp, (", "ddp_sync(module=ddp, sync=(")
+    imported_decorator = (
+        (EDM_HELPER + EDM_LOOP)
+        .replace("import contextlib\n", "from contextlib import contextmanager\n")
+        .replace("@contextlib.contextmanager", "@contextmanager")
+    )
+    unconditional = (EDM_HELPER + EDM_LOOP).replace(
+        "    if sync or not isinstance(module, DDP):\n        yield\n    else:\n"
+        "        with module.no_sync():\n            yield\n",
+        "    with module.no_sync():\n        yield\n",
+    )
+    for source in (EDM_HELPER + EDM_LOOP, EDM_HELPER + keyword, imported_decorator):
+        assert acl401.findings(source) == [], source
+    assert acl401.findings(unconditional) == []
+
+
+def test_context_manager_class_with_enter_that_enters_no_sync(acl401):
+    source = """
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+
+    class GradSync:
+        def __init__(self, module, sync):
+            self.module = module
+            self.sync = sync
+            self._inner = None
+
+        def __enter__(self):
+            if not self.sync:
+                self._inner = self.module.no_sync()
+                self._inner.__enter__()
+
+        def __exit__(self, *exc):
+            if self._inner is not None:
+                self._inner.__exit__(*exc)
+
+
+    def train(net, loader, optimizer, accum_steps):
+        model = DistributedDataParallel(net)
+        for step, (x, y) in enumerate(loader):
+            with GradSync(model, sync=(step + 1) % accum_steps == 0):
+                loss = torch.nn.functional.cross_entropy(model(x), y) / accum_steps
+                loss.backward()
+            if (step + 1) % accum_steps == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+    assert acl401.findings(source) == []
+
+
+def test_helper_context_manager_that_does_not_enter_no_sync_is_still_flagged(acl401, at):
+    timer = (EDM_HELPER + EDM_LOOP).replace(
+        "        with module.no_sync():\n            yield\n", "        yield\n"
+    )
+    assert acl401.findings(timer) == [("ACL401", *at(timer, "loss_fn(net=ddp"))]
+
+
+def test_helper_context_manager_around_the_backward_only_is_too_late(acl401, at):
+    late = EDM_HELPER + EDM_LOOP.replace(
+        """            with ddp_sync(ddp, (round_idx == num_accumulation_rounds - 1)):
+                images, labels = next(dataset_iterator)
+                loss = loss_fn(net=ddp, images=images, labels=labels)
+""",
+        """            images, labels = next(dataset_iterator)
+            loss = loss_fn(net=ddp, images=images, labels=labels)
+            with ddp_sync(ddp, (round_idx == num_accumulation_rounds - 1)):
+""",
+    )
+    (diagnostic,) = acl401.diagnostics(late)
+    assert (diagnostic.start.line, diagnostic.start.column) == at(late, "ddp_sync(ddp, (")
+    assert "holds the backward but not `ddp`'s forward" in diagnostic.message
+
+
+MISC_LOOP = """
+import torch
+from torch_utils import misc
+from torch_utils import training_stats
+
+
+def training_loop(net, loss_fn, optimizer, dataset_iterator, batch_gpu, num_accumulation_rounds):
+    ddp = torch.nn.parallel.DistributedDataParallel(net, device_ids=[device])
+    while True:
+        optimizer.zero_grad(set_to_none=True)
+        for round_idx in range(num_accumulation_rounds):
+            with misc.ddp_sync(ddp, (round_idx == num_accumulation_rounds - 1)):
+                images, labels = next(dataset_iterator)
+                loss = loss_fn(net=ddp, images=images, labels=labels)
+                training_stats.report("Loss/loss", loss)
+                loss.sum().mul(1 / (batch_gpu * num_accumulation_rounds)).backward()
+        optimizer.step()
+"""
+
+
+def test_imported_context_manager_handed_the_model_is_not_flagged(acl401):
+    """A helper of another project module cannot be read: one handed the DDP model around the
+    forward and the backward may well enter `no_sync`, so the loop is not flagged."""
+    from_import = (
+        MISC_LOOP.replace("from torch_utils import misc\n", "")
+        .replace(
+            "from torch_utils import training_stats\n",
+            "from torch_utils import training_stats\nfrom torch_utils.misc import ddp_sync\n",
+        )
+        .replace("misc.ddp_sync(", "ddp_sync(")
+    )
+    for source in (MISC_LOOP, from_import):
+        assert acl401.findings(source) == [], source
+
+
+def test_imported_context_manager_not_handed_the_model_or_not_around_the_forward(acl401, at):
+    profiled = MISC_LOOP.replace("misc.ddp_sync(ddp, (", "misc.record_section('round', (")
+    assert acl401.findings(profiled) == [("ACL401", *at(profiled, "loss_fn(net=ddp"))]
+    torch_context = MISC_LOOP.replace(
+        "misc.ddp_sync(ddp, (round_idx == num_accumulation_rounds - 1))",
+        "torch.autograd.graph.save_on_cpu(ddp)",
+    )
+    assert acl401.findings(torch_context) == [("ACL401", *at(torch_context, "loss_fn(net=ddp"))]
+    backward_only = MISC_LOOP.replace(
+        """            with misc.ddp_sync(ddp, (round_idx == num_accumulation_rounds - 1)):
+                images, labels = next(dataset_iterator)
+                loss = loss_fn(net=ddp, images=images, labels=labels)
+""",
+        """            images, labels = next(dataset_iterator)
+            loss = loss_fn(net=ddp, images=images, labels=labels)
+            with misc.ddp_sync(ddp, (round_idx == num_accumulation_rounds - 1)):
+""",
+    )
+    assert acl401.findings(backward_only) == [("ACL401", *at(backward_only, "loss_fn(net=ddp"))]
+
+
+LITGPT = """
+import lightning as L
+import torch
+from lightning.fabric.strategies import FSDPStrategy, ModelParallelStrategy
+
+
+def parallelize_fn(model, device_mesh, activation_checkpointing=True):
+    from torch.distributed._composable.fsdp.fully_shard import fully_shard
+
+    dp_mesh = device_mesh["data_parallel"]
+    for m in reversed(list(model.modules())):
+        if isinstance(m, Block):
+            fully_shard(m, mesh=dp_mesh)
+    fully_shard(model, mesh=dp_mesh)
+    return model
+
+
+def fit(fabric, state, train_dataloader, train):
+    model = state["model"]
+    optimizer = state["optimizer"]
+    for iter_num, batch in enumerate(train_dataloader):
+        is_accumulating = (iter_num + 1) % train.gradient_accumulation_iters(devices) != 0
+        with fabric.no_backward_sync(model, enabled=is_accumulating):
+            logits = model(batch["input_ids"])
+            loss = chunked_cross_entropy(logits, batch["labels"])
+            fabric.backward(loss / train.gradient_accumulation_iters(devices))
+        if not is_accumulating:
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+def main(fabric, train, config):
+    model = GPT(config)
+    model = fabric.setup(model)
+    optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=3e-4))
+    fit(fabric, {"model": model, "optimizer": optimizer}, train_dataloader, train)
+
+
+if __name__ == "__main__":
+    strategy = ModelParallelStrategy(parallelize_fn=parallelize_fn)
+    fabric = L.Fabric(devices=4, strategy=strategy, precision="bf16-true")
+    fabric.launch(main, train, config)
+"""
+
+
+def test_lightning_fabric_no_backward_sync_counts_as_no_sync(acl401):
+    """litgpt / lit-llama: `fabric.no_backward_sync(model, enabled=is_accumulating)`; the
+    `model` that `parallelize_fn` shards is that function's parameter, not `fit`'s `model`."""
+    positional = LITGPT.replace("enabled=is_accumulating", "is_accumulating")
+    ddp = LITGPT.replace("ModelParallelStrategy(parallelize_fn=parallelize_fn)", '"ddp"')
+    lit_llama = """
+    import lightning as L
+
+    fabric = L.Fabric(accelerator="cuda", devices=2, strategy="ddp", precision="bf16-mixed")
+    model = fabric.setup(model)
+    for iter_num in range(max_iters):
+        input_ids, targets = get_batch(fabric, train_data)
+        is_accumulating = (iter_num + 1) % gradient_accumulation_iters != 0
+        with fabric.no_backward_sync(model, enabled=is_accumulating):
+            logits = model(input_ids)
+            loss = loss_fn(logits, targets)
+            fabric.backward(loss / gradient_accumulation_iters)
+        if not is_accumulating:
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+    for source in (LITGPT, positional, ddp, lit_llama):
+        assert acl401.findings(source) == [], source
+
+
+def test_parameter_of_another_function_is_not_the_training_loops_model(acl401, at):
+    # the loop has no sync switch at all: still, `parallelize_fn`'s `model` is not `fit`'s
+    without_switch = LITGPT.replace(
+        "        with fabric.no_backward_sync(model, enabled=is_accumulating):\n"
+        '            logits = model(batch["input_ids"])\n'
+        '            loss = chunked_cross_entropy(logits, batch["labels"])\n'
+        "            fabric.backward(",
+        '        logits = model(batch["input_ids"])\n'
+        '        loss = chunked_cross_entropy(logits, batch["labels"])\n'
+        "        fabric.backward(",
+    )
+    assert "no_backward_sync" not in without_switch
+    assert acl401.findings(without_switch) == []
+    setup_helper = """
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def setup(model, rank):
+        model = model.to(rank)
+        model = DDP(model, device_ids=[rank])
+        return model
+
+
+    def train_epoch(model, loader, optimizer, accum_steps):
+        for step, (x, y) in enumerate(loader):
+            loss = torch.nn.functional.mse_loss(model(x), y) / accum_steps
+            loss.backward()
+            if (step + 1) % accum_steps == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+    assert acl401.findings(setup_helper) == []
+    # the same helper, when this module hands its result to the loop, is the loop's model
+    called = setup_helper + (
+        "\n    def main(net, rank, loader, optimizer):\n"
+        "        model = setup(net, rank)\n"
+        "        train_epoch(model, loader, optimizer, 4)\n"
+    )
+    assert acl401.findings(called) == [("ACL401", *at(called, "model(x)"))]
+
+
+def test_fsdp2_sharded_by_a_helper_the_loop_calls_is_hinted(acl401, at):
+    source = """
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+
+    def shard(model, mesh):
+        for block in model.layers:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+
+
+    def train(model, mesh, loader, optimizer, grad_accum_steps):
+        shard(model, mesh)
+        for step, (x, y) in enumerate(loader):
+            loss = torch.nn.functional.cross_entropy(model(x), y) / grad_accum_steps
+            loss.backward()
+            if (step + 1) % grad_accum_steps == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+    assert acl401.findings(source) == [("ACL401", *at(source, "model(x)"))]
+    elsewhere = source.replace("        shard(model, mesh)\n", "")
+    assert acl401.findings(elsewhere) == []
+
+
+def test_fabric_no_backward_sync_around_the_backward_only_is_left_to_the_strategy(acl401):
+    """Fabric's switch is DDP's `no_sync` (read in the forward) or FSDP's (read in the
+    backward) depending on the strategy: a block around the backward only is not reported."""
+    source = """
+    import lightning as L
+
+    fabric = L.Fabric(devices=8, strategy="fsdp")
+    model = fabric.setup(model)
+    for iter_num, (x, y) in enumerate(loader):
+        is_accumulating = (iter_num + 1) % grad_accum != 0
+        loss = loss_fn(model(x), y)
+        with fabric.no_backward_sync(model, enabled=is_accumulating):
+            fabric.backward(loss / grad_accum)
+        if not is_accumulating:
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+    assert acl401.findings(source) == []
+
+
+def test_accelerator_no_sync_around_the_forward_by_feature_style(acl401):
+    """accelerate's by_feature examples: `no_sync` on the non-final micro-steps, with the
+    forward inside, and a plain micro-step that syncs."""
+    source = """
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(mixed_precision="bf16")
+    model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(
+        model, optimizer, train_dataloader, lr_scheduler
+    )
+    for epoch in range(num_epochs):
+        model.train()
+        for step, batch in enumerate(train_dataloader):
+            if (step + 1) % gradient_accumulation_steps != 0:
+                with accelerator.no_sync(model):
+                    outputs = model(**batch)
+                    loss = outputs.loss / gradient_accumulation_steps
+                    accelerator.backward(loss)
+            else:
+                outputs = model(**batch)
+                loss = outputs.loss / gradient_accumulation_steps
+                accelerator.backward(loss)
+                optimizer.step()
+                lr_scheduler.step()
+                optimizer.zero_grad()
+    """
+    assert acl401.findings(source) == []
