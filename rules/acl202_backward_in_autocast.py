@@ -6,7 +6,7 @@ RULE = Rule(
     code="ACL202",
     name="backward-in-autocast",
     summary="backward runs inside an autocast region, which is meant to cover the forward only",
-    severity="error",
+    severity="warning",
     fix="safe-when-trailing",
     runtime="full",
     static=True,
@@ -21,11 +21,22 @@ to one) whose nearest region is enabled: an `enabled=False` island around the ba
 merely called from the region is left to the runtime check.
 
 ## Why is this bad?
-Autocast is meant for the forward pass. In eager mode backward ops follow the dtypes recorded in
-the forward, so the damage is usually small; under `torch.compile`, however, the compiled backward
-can pick up the surrounding autocast state and run in fp16, silently producing inf or wrong
-gradients. Custom autograd functions and gradient hooks also see autocast switched on during such
-a backward.
+PyTorch recommends that autocast wrap only the forward pass and the loss; backward passes under
+autocast are "not recommended". In eager mode the damage is usually small, because backward ops
+run in the dtype autocast chose for the matching forward op, whatever the region says. It
+matters where code in the backward looks at the ambient autocast state:
+
+- a custom `torch.autograd.Function` whose `backward` is not decorated with
+  `torch.amp.custom_bwd` runs its torch ops under the enclosing region, so its matmuls are cast
+  to the region's dtype (`custom_bwd` restores the forward's state instead);
+- `torch.compile` traces the backward of a compiled region at forward time, assuming an autocast
+  state for it (`torch._functorch.config.backward_pass_autocast`); PyTorch warns that a wrong
+  assumption can make results silently incorrect, so where the backward runs should be the
+  deliberate choice the AMP recommendation makes;
+- gradient hooks (and anything else they call) see autocast switched on.
+
+`torch.utils.checkpoint` is not affected: it re-runs the forward under the autocast state it
+recorded in the forward.
 
 ## Example
 ```python
@@ -53,7 +64,13 @@ for x, y in dl:
 Safe when the backward is trailing: if the backward statement is the last one in the `with` body,
 it is moved after the block at the enclosing indentation, which changes nothing but the autocast
 state of the backward itself. If any statement follows it inside the block there is no fix,
-because moving it would change the precision of those statements.
+because moving it would change the precision of those statements. A `with` that enters other
+contexts too (`with accelerator.no_sync(model), accelerator.autocast():`) is split instead: the
+other contexts stay around the whole body, backward included, and a `with` of its own holds the
+autocast around the statements before the backward. Autocast is then entered after the others,
+so this is offered only when the items after the autocast one are gradient-sync switches
+(`no_sync`, `accumulate`), whose entering neither reads nor changes the autocast state;
+otherwise there is no fix.
 
 ## At runtime
 `engine.backward` asserts that autocast is off on its device. In raw loops a gradient hook on the

@@ -236,3 +236,108 @@ def test_disabled_region_and_fp32_engine_autocast_are_not_flagged(acl202):
         opt.step()
     """
     assert acl202.findings(fp32_engine) == []
+
+
+def test_reported_as_a_warning(acl202):
+    """PyTorch calls a backward under autocast "not recommended"; in eager mode it is mostly
+    harmless, so not an error."""
+    (diagnostic,) = acl202.diagnostics(RAW)
+    assert diagnostic.severity is None  # the rule's own
+    assert __import__("rules").ALL_RULES["ACL202"].severity == "warning"
+
+
+MULTI = """
+from accelerate import Accelerator
+
+accelerator = Accelerator(mixed_precision="bf16")
+model, optimizer, train_dataloader = accelerator.prepare(model, optimizer, train_dataloader)
+for step, batch in enumerate(train_dataloader):
+    if (step + 1) % gradient_accumulation_steps != 0:
+        with accelerator.autocast(), accelerator.no_sync(model):  # skip the all-reduce
+            outputs = model(**batch)
+            loss = outputs.loss / gradient_accumulation_steps
+            accelerator.backward(loss)
+    else:
+        with accelerator.autocast():
+            outputs = model(**batch)
+            loss = outputs.loss / gradient_accumulation_steps
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
+MULTI_FIXED = """
+from accelerate import Accelerator
+
+accelerator = Accelerator(mixed_precision="bf16")
+model, optimizer, train_dataloader = accelerator.prepare(model, optimizer, train_dataloader)
+for step, batch in enumerate(train_dataloader):
+    if (step + 1) % gradient_accumulation_steps != 0:
+        with accelerator.no_sync(model):  # skip the all-reduce
+            with accelerator.autocast():
+                outputs = model(**batch)
+                loss = outputs.loss / gradient_accumulation_steps
+            accelerator.backward(loss)
+    else:
+        with accelerator.autocast():
+            outputs = model(**batch)
+            loss = outputs.loss / gradient_accumulation_steps
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
+
+def test_multi_item_with_keeps_the_backward_under_no_sync(acl202, at):
+    """`with accelerator.autocast(), accelerator.no_sync(model):`: the backward leaves the
+    autocast only; it must stay under `no_sync` (leaving it would all-reduce every micro-step)."""
+    assert acl202.findings(MULTI) == [("ACL202", *at(MULTI, "accelerator.backward(loss)"))]
+    (diagnostic,) = acl202.diagnostics(MULTI)
+    assert diagnostic.fix.applicability == "safe"
+    assert "end the autocast region before it" in diagnostic.message
+    assert acl202.fixed(MULTI) == MULTI_FIXED
+
+
+def test_multi_item_with_autocast_last_and_other_spellings(acl202):
+    last = MULTI.replace(
+        "accelerator.autocast(), accelerator.no_sync(model):",
+        "accelerator.no_sync(model), accelerator.autocast():",
+    )
+    assert acl202.fixed(last) == MULTI_FIXED
+    raw = """
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(net, device_ids=[rank])
+    for micro_step in range(grad_accum_steps):
+        with torch.autograd.detect_anomaly(), torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = crit(model(x), y) / grad_accum_steps
+            loss.backward()
+    """
+    assert acl202.fixed(raw) == textwrap.dedent(raw).replace(
+        """    with torch.autograd.detect_anomaly(), torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = crit(model(x), y) / grad_accum_steps
+""",
+        """    with torch.autograd.detect_anomaly():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = crit(model(x), y) / grad_accum_steps
+""",
+    )
+    ddp = raw.replace(
+        'torch.autograd.detect_anomaly(), torch.autocast("cuda", dtype=torch.bfloat16)',
+        'torch.autocast("cuda", dtype=torch.bfloat16), model.no_sync()',
+    )
+    assert "    with model.no_sync():\n        with torch.autocast(" in acl202.fixed(ddp)
+
+
+def test_multi_item_with_another_context_after_autocast_has_no_fix(acl202, at):
+    """Splitting would enter that context before autocast instead of after it: not offered."""
+    source = MULTI.replace(
+        "accelerator.autocast(), accelerator.no_sync(model):",
+        "accelerator.autocast(), torch.autograd.detect_anomaly():",
+    )
+    assert acl202.findings(source) == [("ACL202", *at(source, "accelerator.backward(loss)"))]
+    (diagnostic,) = acl202.diagnostics(source)
+    assert diagnostic.fix is None
+    assert "no automatic fix, since the `with` enters other contexts too" in diagnostic.message
+    assert acl202.fixed(source) == textwrap.dedent(source)
