@@ -1018,3 +1018,41 @@ def test_accelerator_no_sync_around_the_forward_by_feature_style(acl401):
                 optimizer.zero_grad()
     """
     assert acl401.findings(source) == []
+
+
+TRAINER_HELPER = """
+import contextlib
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class Trainer:
+    def __init__(self, net, rank, accum_steps):
+        self.model = DDP(net.to(rank), device_ids=[rank])
+        self.accum_steps = accum_steps
+
+    @contextlib.contextmanager
+    def maybe_no_sync(self, model, sync):
+        if sync:
+            yield
+        else:
+            with model.no_sync():
+                yield
+
+    def train_epoch(self, loader, optimizer):
+        for step, (x, y) in enumerate(loader):
+            sync = (step + 1) % self.accum_steps == 0
+            with self.maybe_no_sync(self.model, sync):
+                loss = torch.nn.functional.cross_entropy(self.model(x), y) / self.accum_steps
+                loss.backward()
+            if sync:
+                optimizer.step()
+                optimizer.zero_grad()
+"""
+
+
+def test_context_manager_method_of_the_trainer_that_enters_no_sync(acl401, at):
+    assert acl401.findings(TRAINER_HELPER) == []
+    never = TRAINER_HELPER.replace("with model.no_sync():", "if model.training:")
+    assert acl401.findings(never) == [("ACL401", *at(never, "self.model(x)"))]
