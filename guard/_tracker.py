@@ -69,6 +69,7 @@ every micro-step. The engine marks its own calls with
 from __future__ import annotations
 
 import contextlib
+import itertools
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -105,15 +106,26 @@ class Tracker(OptimizerPatches, AmpPatches):
         self.optimizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.scalers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.prepared_schedulers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self.autocast_stack: list[AutocastFrame] = []
-        self.regions_since_backward: list[AutocastFrame] = []
         self.accelerators: list[Any] = []  # weakrefs, most recent last
-        self.backward_id = 0
+        self.backward_id = 0  # the latest backward pass started, in any thread
+        self._pass_ids = itertools.count(1)
+        # Passes in flight in every thread: autograd runs hooks (FSDP's) in its own threads.
+        self.backward_depth = 0
         self.max_steps = 0
         self.scaled = False  # an enabled GradScaler has scaled a tensor since install
         self._param_owner: dict[int, tuple[Any, OptState]] = {}
         self.states: list[OptState] = []  # the live optimizers' states, cheap to scan
         self.reads = StepReads()  # the checks' device values, one host read per step
+
+    @property
+    def autocast_stack(self) -> list[AutocastFrame]:
+        """This thread's open autocast regions, innermost last."""
+        return self.flags.autocast_stack
+
+    @property
+    def regions_since_backward(self) -> list[AutocastFrame]:
+        """This thread's enabled, grad-enabled regions entered since its last backward."""
+        return self.flags.regions_since_backward
 
     # -- subscriptions -------------------------------------------------------------------------
 
@@ -237,7 +249,10 @@ class Tracker(OptimizerPatches, AmpPatches):
         """
 
         def hit(_param: Any, st: OptState = st) -> None:
-            st.hit = self.backward_id
+            # The pass of the thread running the hook: the caller's on CPU. Autograd's device
+            # threads run it on CUDA, where the latest pass stands in (exact with one thread).
+            own = self.flags.pass_id
+            st.hit = own if own is not None else self.backward_id
 
         for group in getattr(optimizer, "param_groups", []):
             sentinel = None
@@ -274,30 +289,32 @@ class Tracker(OptimizerPatches, AmpPatches):
 
         @_patch.wraps_original(original)
         def backward(tensors, *args, **kwargs):
-            flags = tracker.flags
-            if flags.backward_depth:  # reentrant (e.g. activation checkpointing): not a new pass
+            if _inside_a_backward(tracker):  # reentrant (activation checkpointing): not a pass
                 return original(tensors, *args, **kwargs)
+            flags = tracker.flags
             roots = _tensor_roots(tensors)
             scaled_by = (  # an attribute miss costs an exception: only once a scaler scaled
                 getattr(roots[0], "_guard_scaled_by", None) if roots and tracker.scaled else None
             )
             via = flags.owner
             tracker.emit("backward_pre", tensors=roots, scaled_by=scaled_by, via=via)
-            tracker.backward_id += 1
-            flags.backward_depth += 1
+            pass_id = tracker.backward_id = next(tracker._pass_ids)
+            flags.pass_id = pass_id
+            tracker.backward_depth += 1
             try:
                 result = original(tensors, *args, **kwargs)
             finally:
-                flags.backward_depth -= 1
-            tracker._after_backward(roots, scaled_by, via)
+                tracker.backward_depth -= 1
+                flags.pass_id = None
+            tracker._after_backward(roots, scaled_by, via, pass_id)
             return result
 
         _patch.patch(torch.autograd, "backward", backward)
 
-    def _after_backward(self, roots: tuple, scaled_by: Any, via: str) -> None:
+    def _after_backward(self, roots: tuple, scaled_by: Any, via: str, pass_id: int) -> None:
         hit = []
         for st in self.states:  # a loop, not a comprehension: one Python frame less per backward
-            if st.hit == self.backward_id:
+            if st.hit == pass_id:
                 hit.append(st)
         for st in hit:
             st.backwards += 1
@@ -328,6 +345,18 @@ class Tracker(OptimizerPatches, AmpPatches):
             yield
         finally:
             setattr(self.flags, name, previous)
+
+
+_graph_task_id = getattr(torch._C, "_current_graph_task_id", None)
+
+
+def _inside_a_backward(tracker: Tracker) -> bool:
+    """Whether this call comes from inside a running backward (a reentrant checkpoint's, in
+    whatever thread autograd runs it): then autograd has a graph task in this thread. Without
+    that private query, any pass in flight counts (exact with one training thread)."""
+    if _graph_task_id is not None:
+        return _graph_task_id() >= 0
+    return tracker.backward_depth > 0
 
 
 def _tensor_roots(tensors: Any) -> tuple:

@@ -3,6 +3,7 @@ facts a subscription can wait for, and who is calling (see `guard._tracker` for 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,11 +89,17 @@ def sampled_window(steps: int) -> bool:
     return steps < 8 or steps % 16 == 0
 
 
-class _Flags:
-    """Who is calling: set by the wrappers around the caller-owned entry points."""
+class _Flags(threading.local):
+    """Who is calling, per thread: set by the wrappers around the caller-owned entry points.
+
+    Per thread because two threads may train at once in one process, each with its own
+    optimizer, autocast regions and backward passes (torch's autocast state is per thread too);
+    one thread's backward must not be counted, or its autocast region seen, in another's."""
 
     def __init__(self) -> None:
-        self.backward_depth = 0
+        self.pass_id: int | None = None  # the backward pass this thread is running
+        self.autocast_stack: list[AutocastFrame] = []
+        self.regions_since_backward: list[AutocastFrame] = []
         self.owner = "raw"
         self.scaler_step: Any = None
         self.step_wrapper: Any = None

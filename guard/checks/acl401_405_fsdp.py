@@ -83,7 +83,7 @@ def _wrap_reduce_scatters(tracker, marks: _Marks, start_counting) -> None:
 def _marking(original, tracker, marks: _Marks, start_counting):
     @_patch.wraps_original(original)
     def reduce_scatter(*args, **kwargs):
-        if tracker.flags.backward_depth:  # FSDP's post-backward hooks (no one else, in practice)
+        if tracker.backward_depth:  # FSDP's post-backward hooks (no one else, in practice)
             marks.backward_id = tracker.backward_id
             if not marks.counting:
                 start_counting()

@@ -79,7 +79,7 @@ def test_failures_in_forward_and_backward_leave_nothing_after_uninstall(guard_on
     guard_on.configure(select=["ACL"])  # every check watches the failing steps
     guarded_model, guarded = _run(failures=True)
     assert guard_on.findings() == []  # the steps after the failures are correct
-    assert TRACKER.autocast_stack == [] and TRACKER.flags.backward_depth == 0
+    assert TRACKER.autocast_stack == [] and TRACKER.backward_depth == 0
 
     guard_on.uninstall()
     try:
