@@ -18,23 +18,23 @@ RULE = Rule(
     docs="""\
 ## What it does
 Flags a model wrapped in `DistributedDataParallel(` / `DDP(` (any import alias,
-`torch.nn.parallel.DistributedDataParallel`, a module helper that returns one, an imported
-helper named like `smart_DDP`, or `self.model` in a trainer class) whose forward runs in a
-manual accumulation loop (`% K` gate, a counter compared with K, or a `range(K)` micro-step
-loop, K > 1) when the loop never controls the sync: no `no_sync` (a plain or conditional
-context, an `ExitStack`, a name bound to it, a module function the loop calls, a context manager
-of the module that enters it on the model it is handed, such as NVlabs' `@contextmanager def
-ddp_sync(module, sync)`, or Lightning Fabric's `fabric.no_backward_sync(model, enabled=...)`) and
-no `require_backward_grad_sync`. A `with helper(ddp, ...):` around the forward and backward whose
+`torch.nn.parallel.DistributedDataParallel`, a module helper that returns one, an imported helper
+named like `smart_DDP`, or `self.model` in a trainer class) whose forward runs in a manual
+accumulation loop (`% K` gate, a counter compared with K, or a `range(K)` micro-step loop, K > 1)
+when the loop never controls the sync: no `no_sync` (a plain or conditional context, an `ExitStack`,
+a name bound to it, a module function the loop calls, a context manager of the module, or a function
+returning one, that enters it on the model it is handed, such as NVlabs' `@contextmanager def
+ddp_sync(module, sync)`, or Lightning Fabric's `fabric.no_backward_sync(model, enabled=...)`) and no
+`require_backward_grad_sync`. A `with helper(ddp, ...):` around the forward and backward whose
 helper comes from another module (`misc.ddp_sync(ddp, sync)`) cannot be read and may enter
-`no_sync`, so it is not flagged. Names are resolved per function: another function's parameter
-or local of the same name (`def setup(model)`, a `parallelize_fn(model, mesh)` handed to a
-strategy) is not the loop's model. Reported at the forward. Also flags a `with m.no_sync():` or
-`with accelerator.no_sync(m):` block (or `with ctx:` where `ctx` is bound to `m.no_sync()` or to
-`nullcontext() if last else m.no_sync()`, or a module context manager that enters `no_sync`)
-that holds a backward but not `m`'s forward, reported at the context; not Fabric's
-`no_backward_sync`, whose strategy decides whether the flag is read in the forward (DDP) or the
-backward (FSDP). A forward through `m.module(...)` is ACL405's finding, not this one. Not flagged:
+`no_sync`, so it is not flagged. Names are resolved per function: another function's parameter or
+local of the same name (`def setup(model)`, a `parallelize_fn(model, mesh)` handed to a strategy) is
+not the loop's model. Reported at the forward. Also flags a `with m.no_sync():` or `with
+accelerator.no_sync(m):` block (or `with ctx:` where `ctx` is bound to `m.no_sync()` or to
+`nullcontext() if last else m.no_sync()`, or a module context manager that enters `no_sync`) that
+holds a backward but not `m`'s forward, reported at the context; not Fabric's `no_backward_sync`,
+whose strategy decides whether the flag is read in the forward (DDP) or the backward (FSDP). A
+forward through `m.module(...)` is ACL405's finding, not this one. Not flagged:
 `accelerator.accumulate()`, `sync_each_batch=True`, FSDP1, DeepSpeed, apex and fairscale wrappers.
 
 FSDP2: a model handed to `fully_shard(...)` (from `torch.distributed.fsdp` or

@@ -249,32 +249,34 @@ def _no_sync_target(call: cst.Call) -> tuple[bool, str | None, bool]:
 
 # context managers of the module that enter `no_sync` -------------------------------------------
 def _helper_no_sync(model: Model, call: cst.Call, scope: Scope) -> tuple[bool, str | None, bool]:
-    """A context manager this module defines (a `@contextmanager` function, or a class with
-    `__enter__`) that enters `no_sync` on a parameter: (True, the argument this call passes for
-    it, whether the helper enters it only on some paths), as NVlabs' `ddp_sync(module, sync)`
-    does (`if sync: yield` else `with module.no_sync(): yield`)."""
+    """A context manager this module defines (a `@contextmanager` function, a class with
+    `__enter__`, or a function that returns one) that enters `no_sync` on a parameter: (True,
+    the argument this call passes for it, whether the helper enters it only on some paths), as
+    NVlabs' `ddp_sync(module, sync)` does (`if sync: yield` else `with module.no_sync():
+    yield`), or `def sync_context(m, last): return nullcontext() if last else m.no_sync()`."""
     helper = _context_helper(model, call, scope)
     if helper is None:
         return False, None, False
-    methods, binder = helper
+    methods, binder, entered = helper
     for method in methods:
-        for site, frames in _no_sync_sites(model, method):
+        for site, conditional in _no_sync_sites(model, method, entered):
             _, target, maybe = _no_sync_target(site)
             param = _param_of(target, binder)
             argument = _argument_for(call, binder, param) if param else None
             if argument is not None:
-                conditional = maybe or any(f.kind in ("if", "exit") for f in frames)
-                return True, dotted(argument), conditional
+                return True, dotted(argument), conditional or maybe
     return False, None, False
 
 
 def _context_helper(model: Model, call: cst.Call, scope: Scope):
-    """([scopes whose code runs on entry], the scope whose parameters the call binds)."""
+    """([scopes whose code runs on entry], the scope whose parameters the call binds, whether
+    it is entered itself: a `@contextmanager` or a class, not a function returning a context)."""
     function = model.local_function(call.func, scope)
     if function is not None:
         decorators = function.node.decorators
         names = {model.imports.qualify(_decorator_name(d)) for d in decorators}
-        return ([function], function) if names & _CONTEXT_DECORATORS else None
+        # a function of the module: it enters what it yields in, or what it returns
+        return [function], function, bool(names & _CONTEXT_DECORATORS)
     name = dotted(call.func)
     if name is None or name not in model.class_names:
         return None
@@ -282,7 +284,7 @@ def _context_helper(model: Model, call: cst.Call, scope: Scope):
     inits = [s for s in model.function_defs.get("__init__", ()) if s.class_name == name]
     if not methods:
         return None
-    return methods, (inits[0] if inits else methods[0])
+    return methods, (inits[0] if inits else methods[0]), True
 
 
 def _decorator_name(decorator: cst.Decorator) -> cst.BaseExpression:
@@ -290,15 +292,26 @@ def _decorator_name(decorator: cst.Decorator) -> cst.BaseExpression:
     return node.func if isinstance(node, cst.Call) else node
 
 
-def _no_sync_sites(model: Model, scope: Scope):
-    """(`no_sync`-entering call, its frames) in a helper: `with m.no_sync():` items and calls."""
+def _no_sync_sites(model: Model, scope: Scope, entered: bool):
+    """(`no_sync`-entering call, whether on some paths only) in a helper: its `with m.no_sync():`
+    items and calls (`entered`: a `@contextmanager` or `__enter__`), else what it returns."""
+    if not entered:
+        for returned, _ in scope.returns:
+            for node, conditional in _context_calls(returned, len(scope.returns) > 1):
+                if _no_sync_target(node)[0]:
+                    yield node, conditional
+        return
     for with_node, frames in scope.withs:
         for item in with_node.items:
             if isinstance(item.item, cst.Call) and _no_sync_target(item.item)[0]:
-                yield item.item, frames
+                yield item.item, _on_some_paths(frames)
     for c in scope.calls:
         if _no_sync_target(c.call)[0]:
-            yield c.call, c.stmt.frames
+            yield c.call, _on_some_paths(c.stmt.frames)
+
+
+def _on_some_paths(frames: tuple) -> bool:
+    return any(f.kind in ("if", "exit") for f in frames)
 
 
 def _param_of(target: str | None, binder: Scope) -> str | None:

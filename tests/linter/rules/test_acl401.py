@@ -1056,3 +1056,47 @@ def test_context_manager_method_of_the_trainer_that_enters_no_sync(acl401, at):
     assert acl401.findings(TRAINER_HELPER) == []
     never = TRAINER_HELPER.replace("with model.no_sync():", "if model.training:")
     assert acl401.findings(never) == [("ACL401", *at(never, "self.model(x)"))]
+
+
+RETURNED_CONTEXT = """
+from contextlib import nullcontext
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def sync_context(model, sync):
+    return nullcontext() if sync else model.no_sync()
+
+
+def train(net, loader, optimizer, accum_steps):
+    model = DDP(net)
+    for step, (x, y) in enumerate(loader):
+        sync = (step + 1) % accum_steps == 0
+        with sync_context(model, sync):
+            loss = torch.nn.functional.cross_entropy(model(x), y) / accum_steps
+            loss.backward()
+        if sync:
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+
+def test_function_of_the_module_that_returns_no_sync_counts_as_no_sync(acl401, at):
+    assert acl401.findings(RETURNED_CONTEXT) == []
+    never = RETURNED_CONTEXT.replace(
+        "return nullcontext() if sync else model.no_sync()", "return nullcontext()"
+    )
+    assert acl401.findings(never) == [("ACL401", *at(never, "model(x)"))]
+
+
+def test_returned_no_sync_around_the_optimizer_step_is_acl405s(acl405, at):
+    """An unconditional `no_sync` returned by a helper, around the step too: ACL405 sees it."""
+    source = RETURNED_CONTEXT.replace(
+        "return nullcontext() if sync else model.no_sync()", "return model.no_sync()"
+    ).replace(
+        "            loss.backward()\n        if sync:\n            optimizer.step()",
+        "            loss.backward()\n            optimizer.step()",
+    )
+    assert "            optimizer.step()\n            optimizer.zero_grad()" in source
+    assert acl405.findings(source) == [("ACL405", *at(source, "sync_context(model, sync)", 1))]
