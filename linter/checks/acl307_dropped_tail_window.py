@@ -19,10 +19,10 @@ def check(ctx) -> None:
 def _drops_tail(model, window) -> bool:
     """The gate reads the `enumerate` index of a loop over a loader with a length (or a
     counter restarted for each pass over it) and has no last-batch clause. Left alone:
-    counters kept across epochs (`global_step % K`) and loops
-    over iterables without a length, where windows span epochs on purpose; one pass over the
-    loader ended by a step budget (no epoch, so no epoch tail); `accumulate()`, which flushes
-    the tail of a prepared loader; a step elsewhere that flushes the tail."""
+    counters kept across epochs (`global_step % K`) and loops over iterables without a
+    length, where windows span epochs on purpose; one pass over the loader ended by a step
+    budget (no epoch, so no epoch tail); `accumulate()`, which flushes the tail of a prepared
+    loader; a step elsewhere that flushes the tail."""
     base = window.base
     if base is None or not base.sized:
         return False
