@@ -10,17 +10,27 @@ path, and initial weights never broadcast (`DDP(..., init_sync=False)` with per-
 So, with more than one process, for each optimizer that trains a DDP model's parameters: before
 its first step, after its first step and then after every `replica_every`-th step (default 100;
 `guard.configure(replica_every=M)` or ACCEL_GUARD_REPLICA_EVERY), one float64 checksum of those
-parameters is compared across ranks with one all-reduce (MAX of [c, -c]) of two numbers. Every
-rank enters it at the same step counts (steps attempted, fp16 skips included), whatever it saw,
-so the collectives pair up. The result stays on the device and joins the step's one host read
-(`guard._step_reads`), so the finding may come a step later; it names the step at which the
-replicas were first seen to differ and the last checked step at which they agreed, and the
-likely cause when the guard saw one. Cost: a pass over the parameters and a two-number
-all-reduce every M steps, far below 1% of a step at the default.
+parameters is compared across ranks with one all-reduce of four numbers (MAX of [c, -c, n, -n],
+n the number of parameters summed). Every rank enters it at the same step counts (steps
+attempted, fp16 skips included), whatever it saw, so the collectives pair up. The result stays on
+the device and joins the step's one host read (`guard._step_reads`), so the finding may come a
+step later; it names the step at which the replicas were first seen to differ and the last
+checked step at which they agreed, and the likely cause when the guard saw one. The first
+comparison after a step is read at once (one extra read per run), so a program that makes a
+single step is judged; one still unread at exit is read then. Cost: a pass over the parameters
+and a four-number all-reduce every M steps, far below 1% of a step at the default.
+
+Only parameters each rank holds in its own memory are summed. A CPU parameter in shared memory
+(`is_shared()`: a model built in the launching process and handed to `torch.multiprocessing.spawn`
+as an argument) is one tensor for all the ranks, which every rank's optimizer writes, so its sum
+on one rank races with the other ranks' steps and says nothing about replicas (there is one).
+Ranks that summed different numbers of parameters (none, or only some in shared memory) are not
+judged: every rank sees the counts in the same all-reduce and skips alike.
 """
 
 from __future__ import annotations
 
+import sys
 import weakref
 from dataclasses import dataclass, field
 
@@ -55,7 +65,7 @@ class _Wrapped:
 
 
 def install(tracker) -> None:
-    _sources.ensure(tracker, "ddp")
+    _sources.ensure(tracker, "ddp", "finish")
     wrappers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DDP module -> _Wrapped
 
     def created(module, **_) -> None:
@@ -86,11 +96,19 @@ def install(tracker) -> None:
         if not ran:  # a skipped fp16 step is an attempt too: every rank counts it alike
             after_step(optimizer, state)
 
+    def at_finish(**_) -> None:
+        try:  # a comparison of the last steps, already all-reduced: a read, no collective
+            tracker.reads.flush()
+        except _report.GuardError as error:  # raise mode: nothing left to stop, so say it
+            print(f"accel-guard: {error}", file=sys.stderr)
+            raise
+
     tracker.subscribe("ddp_created", created)
     tracker.subscribe("ddp_forward", forward)
     tracker.subscribe("optimizer_step_pre", before_step, when="ddp")
     tracker.subscribe("optimizer_step", after_step, when="ddp")
     tracker.subscribe("scaler_step", after_scaler_step, when="ddp")
+    tracker.subscribe("finish", at_finish, when="ddp")
 
 
 def _replicas(state) -> _Replicas:
@@ -138,6 +156,12 @@ def _replicated_params(optimizer, modules) -> list:
     return [p for g in optimizer.param_groups for p in g["params"] if id(p) in in_ddp]
 
 
+def _own_memory(param) -> bool:
+    """Whether this rank's copy is its own: a CPU tensor in shared memory may be every rank's
+    (CUDA storages always say shared, and each rank's GPU holds its own)."""
+    return param.device.type != "cpu" or not param.is_shared()
+
+
 def _collective_device(group) -> torch.device:
     if torch.distributed.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
@@ -152,16 +176,27 @@ def _compare(reads, optimizer, rep: _Replicas, wrappers, step: int) -> None:
     params = _replicated_params(optimizer, modules)
     if not params:
         return
-    group = getattr(modules[0], "process_group", None)  # the ranks that replicate this model
-    local = torch.stack([p.detach().sum(dtype=torch.float64) for p in params]).sum()
-    pair = torch.stack([local, -local]).to(_collective_device(group))
-    torch.distributed.all_reduce(pair, op=torch.distributed.ReduceOp.MAX, group=group)
+    group = getattr(modules[-1], "process_group", None)  # the ranks that replicate this model
+    own = [p for p in params if _own_memory(p)]
+    device = _collective_device(group)
+    if own:
+        local = torch.stack([p.detach().sum(dtype=torch.float64) for p in own]).sum().to(device)
+    else:  # nothing of its own to compare: still enter the collective, as every rank does
+        local = torch.zeros((), dtype=torch.float64, device=device)
+    count = torch.tensor(float(len(own)), dtype=torch.float64, device=device)
+    # MAX of [c, -c, n, -n]: the extreme checksums and the extreme numbers of parameters summed
+    values = torch.stack([local, -local, count, -count])
+    torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MAX, group=group)
     opt_ref = weakref.ref(optimizer)
-    reads.defer([pair], lambda values: _judge(values[0], rep, step, opt_ref(), wrappers))
+    reads.defer([values], lambda read: _judge(read[0], rep, step, opt_ref(), wrappers))
+    if step == 1:  # the first step's comparison is judged now, even if the program ends here
+        reads.read()
 
 
-def _judge(pair: list[float], rep: _Replicas, step: int, optimizer, wrappers) -> None:
-    highest, lowest = pair[0], -pair[1]
+def _judge(values: list[float], rep: _Replicas, step: int, optimizer, wrappers) -> None:
+    highest, lowest, most, fewest = values[0], -values[1], values[2], -values[3]
+    if fewest == 0 or most != fewest:
+        return  # some rank's weights are (partly) in shared memory: not replicas to compare
     if highest == lowest:
         rep.agreed_at = step
         return

@@ -141,6 +141,39 @@ def ignored_head_local_on_purpose(rank: int) -> nn.Module:
     return net  # the heads differ, by design
 
 
+def spawn_handed_models(rank: int) -> nn.Module:
+    """The published DDP examples' way on CPU: the model built in the launching process and handed
+    to mp.spawn as an argument, so every rank's parameters are the same tensors in shared memory;
+    AdamW, a barrier after each step. Run a few times: the checksums used to race with the other
+    rank's step."""
+    for net in HANDED["spawn_handed_models"]:
+        model = DDP(net)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for x, y in batches(rank)[:3]:
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            dist.barrier()
+            opt.zero_grad()
+    return net
+
+
+def cast_after_wrapping_single_step(rank: int) -> nn.Module:
+    """pytorch#104336 with one optimizer step: the spawn-handed model cast to float64 after
+    wrapping (each rank gets tensors of its own, out of DDP's hooks), then the program ends."""
+    net = HANDED["cast_after_wrapping_single_step"][0]
+    model = DDP(net)
+    model.double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    x, y = batches(rank)[0]
+    F.cross_entropy(model(x.double()), y).backward()
+    opt.step()
+    return net
+
+
+HANDED: dict = {}  # case -> models built by the launching process, handed to mp.spawn
+HANDED_COUNTS = {"spawn_handed_models": 3, "cast_after_wrapping_single_step": 1}
+
+
 CASES = {
     "ignored_head_local_on_purpose": ignored_head_local_on_purpose,
     "rewrapped_every_run": rewrapped_every_run,
@@ -150,6 +183,8 @@ CASES = {
     "params_replaced": params_replaced,
     "no_initial_broadcast": no_initial_broadcast,
     "fresh_wrapper_on_some_paths": fresh_wrapper_on_some_paths,
+    "spawn_handed_models": spawn_handed_models,
+    "cast_after_wrapping_single_step": cast_after_wrapping_single_step,
 }
 
 
@@ -168,7 +203,8 @@ def run_case(guard, name: str, rank: int) -> dict:
     return {"findings": found, "replicas_equal": replicas_equal(module)}
 
 
-def run(rank: int, world: int, port: int, names: list[str]) -> None:
+def run(rank: int, world: int, port: int, names: list[str], handed: dict) -> None:
+    HANDED.update(handed)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -193,5 +229,7 @@ if __name__ == "__main__":
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         free = s.getsockname()[1]
-    mp.spawn(run, args=(2, free, sys.argv[1:] or list(CASES)), nprocs=2)
+    names = sys.argv[1:] or list(CASES)
+    handed = {name: [make_net() for _ in range(HANDED_COUNTS[name])] for name in HANDED_COUNTS}
+    mp.spawn(run, args=(2, free, names, handed), nprocs=2)
     sys.exit(0)

@@ -42,6 +42,30 @@ def test_correct_ddp_loops_report_nothing(ranks, case):
         assert row[case] == {"findings": [], "replicas_equal": True}
 
 
+def test_weights_shared_by_every_rank_are_not_replicas_that_differ(ranks):
+    """A model handed to mp.spawn lives in shared memory: both ranks train one tensor, so the
+    replicas are equal (there is one), and a checksum read while the other rank steps it must
+    not say they differ (it did in most runs before the check left shared memory out)."""
+    for row in ranks:
+        assert row["spawn_handed_models"] == {"findings": [], "replicas_equal": True}
+
+
+def test_a_single_step_after_a_cast_after_wrapping_is_reported(ranks):
+    """The first step's comparison is read at once: a program that ends after one step still
+    gets the finding, and the cast gave each rank tensors of its own to compare."""
+    case = "cast_after_wrapping_single_step"
+    for finding, row in zip(_only_acl405(ranks, case), ranks, strict=True):
+        assert not row[case]["replicas_equal"]
+        assert finding["message"].startswith(
+            f"{DRIFT} after optimizer step 1 (they agreed before the first step)"
+        )
+        assert (
+            "4 parameter(s) of the wrapped model got new tensors after wrapping"
+            in (finding["message"])
+        )
+        assert finding["count"] == 1
+
+
 def test_parameters_ddp_ignores_may_differ(ranks):
     """A head left out of DDP on purpose (`parameters_to_ignore`) differs across ranks, and that
     is not reported: only what DDP keeps equal is compared."""
