@@ -170,6 +170,24 @@ def cast_after_wrapping_single_step(rank: int) -> nn.Module:
     return net
 
 
+def drift_at_the_last_step(rank: int) -> nn.Module:
+    """Each rank nudges its weights by hand after step 1 (a per-rank update outside DDP), and the
+    run ends at step 2, a checked step: that comparison is read at exit (the guard's exit hook
+    emits `finish`, emitted here since the case does not end the process)."""
+    model = DDP(make_net())
+    train(model, model.parameters(), rank, before_step=lambda step: _nudge(model, rank, step))
+    from guard._tracker import TRACKER
+
+    TRACKER.emit("finish")
+    return model.module
+
+
+def _nudge(model: nn.Module, rank: int, step: int) -> None:
+    if step == 1:
+        with torch.no_grad():
+            model.module[0].bias.add_(0.01 * (rank + 1))
+
+
 HANDED: dict = {}  # case -> models built by the launching process, handed to mp.spawn
 HANDED_COUNTS = {"spawn_handed_models": 3, "cast_after_wrapping_single_step": 1}
 
@@ -185,11 +203,15 @@ CASES = {
     "fresh_wrapper_on_some_paths": fresh_wrapper_on_some_paths,
     "spawn_handed_models": spawn_handed_models,
     "cast_after_wrapping_single_step": cast_after_wrapping_single_step,
+    "drift_at_the_last_step": drift_at_the_last_step,
 }
 
 
 # Checks every 2 steps here, so the drift that starts at step 4 is seen within the 6 steps.
-CASE_OPTIONS = {"fresh_wrapper_on_some_paths": {"replica_every": 2}}
+CASE_OPTIONS = {
+    "fresh_wrapper_on_some_paths": {"replica_every": 2},
+    "drift_at_the_last_step": {"replica_every": STEPS},
+}
 
 
 def run_case(guard, name: str, rank: int) -> dict:

@@ -66,6 +66,17 @@ def test_a_single_step_after_a_cast_after_wrapping_is_reported(ranks):
         assert finding["count"] == 1
 
 
+def test_a_comparison_at_the_last_step_is_judged_at_exit(ranks):
+    """The check at the run's last step has no later step to be read at: the exit reads it."""
+    case = "drift_at_the_last_step"
+    for finding, row in zip(_only_acl405(ranks, case), ranks, strict=True):
+        assert not row[case]["replicas_equal"]
+        assert finding["message"].startswith(
+            f"{DRIFT} after optimizer step 6 (they agreed after step 1)"
+        )
+        assert "not seen by the guard" in finding["message"]
+
+
 def test_parameters_ddp_ignores_may_differ(ranks):
     """A head left out of DDP on purpose (`parameters_to_ignore`) differs across ranks, and that
     is not reported: only what DDP keeps equal is compared."""
