@@ -35,19 +35,124 @@ def load() -> None:
 
     These imports create a few hundred thousand long-lived objects (libcst's node classes); the
     collector would scan them again and again for nothing, about 15 ms of a one-file run. Frozen
-    afterwards, later collections skip them too.
+    afterwards, later collections skip them too. The methods `dataclasses` writes for the ~200
+    node classes come compiled from `_DataclassCode` (half of libcst's import was compiling them).
+    The checks are imported by `analyze_source`, those selected only.
     """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with _importing():
         import libcst  # noqa: F401
 
         import linter.context  # noqa: F401
         import rules  # noqa: F401
+    gc.freeze()
+
+
+@cache
+def _dataclass_code() -> _DataclassCode:
+    return _DataclassCode()
+
+
+@contextmanager
+def _importing():
+    """Imports of libcst, the model and the checks: collector paused, dataclass code reused."""
+    enabled = gc.isenabled()
+    gc.disable()
+    code = _dataclass_code()
+    try:
+        with code.installed():
+            yield
     finally:
         if enabled:
             gc.enable()
-    gc.freeze()
+    code.save()
+
+
+def _checks(codes: Collection[str]) -> list:
+    """The static checks of the selected codes, each module imported on first use only."""
+    from linter.checks import check_for
+    from rules import ALL_RULES, module_name
+
+    selected = [c for c in sorted(codes) if c in ALL_RULES and ALL_RULES[c].static]
+    with _importing():
+        checks = [(c, check_for(module_name(c))) for c in selected]
+    return [(c, check) for c, check in checks if check is not None]
+
+
+class _DataclassCode:
+    """The code objects of the methods `dataclasses` generates, kept between runs like `.pyc`s.
+
+    `dataclasses` builds each `__init__`/`__eq__`/`__repr__`/... as source text and `exec`s it;
+    compiling those texts is half of `import libcst`. While installed, `exec` in the
+    `dataclasses` module compiles each text once and reuses the code object after that: keyed by
+    the exact text, compiled as `exec` would (no inherited `__future__` flags), so the classes
+    are the same. Saved in the user's cache directory for this interpreter; any failure to read
+    or write it only costs the time."""
+
+    def __init__(self) -> None:
+        import marshal
+        import os
+        import sys
+
+        tag = f"{sys.implementation.cache_tag}-O{sys.flags.optimize}"
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        self.path = os.path.join(base, "accel-lint", f"dataclass-code-{tag}.marshal")
+        self.header = (sys.version, sys.flags.optimize)
+        self.known: dict[str, object] = {}
+        self.used: dict[str, object] = {}
+        try:
+            with open(self.path, "rb") as file:
+                header, known = marshal.loads(file.read())
+            if header == self.header and isinstance(known, dict):
+                self.known = known
+        except Exception:  # absent, unreadable, truncated, another format: compile
+            pass
+
+    def exec(self, source, globals=None, locals=None):  # the builtin's signature
+        if globals is None:  # as the builtin: the calling frame's namespaces
+            import sys
+
+            frame = sys._getframe(1)
+            globals, locals = frame.f_globals, frame.f_locals if locals is None else locals
+        if not isinstance(source, str):
+            return exec(source, globals, locals)
+        code = self.known.get(source)
+        if code is None:
+            code = compile(source, "<string>", "exec", dont_inherit=True)
+        self.used[source] = code
+        return exec(code, globals, locals)
+
+    @contextmanager
+    def installed(self):
+        import dataclasses
+
+        dataclasses.exec = self.exec  # found before the builtin by the module's own lookups
+        try:
+            yield
+        finally:
+            del dataclasses.exec
+
+    def save(self) -> None:
+        """Add the texts this run compiled. Texts of other versions are kept (another entry
+        point, another install) until they outnumber this run's twice over."""
+        if not self.used.keys() - self.known.keys():
+            return
+        kept = {**self.known, **self.used}
+        if len(kept) > 3 * len(self.used):
+            kept = self.used
+        import marshal
+        import os
+
+        temporary = f"{self.path}.{os.getpid()}.tmp"
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            with open(temporary, "wb") as file:
+                file.write(marshal.dumps((self.header, kept)))
+            os.replace(temporary, self.path)  # concurrent runs: one whole file wins
+        except OSError:
+            try:
+                os.remove(temporary)
+            except OSError:
+                pass
 
 
 def parse(source: str, cache: ParseCache | None = None):
@@ -99,14 +204,10 @@ def analyze_source(
 ) -> list[Diagnostic]:
     """Run every selected rule that has a static check on one module's source text."""
     load()
-    from linter.checks import check_for
     from linter.context import RuleContext
     from linter.model import Model
-    from rules import ALL_RULES, module_name
 
-    selected = [c for c in sorted(codes) if c in ALL_RULES and ALL_RULES[c].static]
-    checks = [(c, check_for(module_name(c))) for c in selected]
-    checks = [(c, check) for c, check in checks if check is not None]
+    checks = _checks(codes)
     with _collector_paused():
         module, tree = parse(source, cache)
         if not checks:

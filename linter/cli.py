@@ -1,8 +1,11 @@
 """The `accel-lint` command: options mirror ruff's so a ruff user needs no manual.
 
 Exit codes: 0 no findings left, 1 findings left, 2 usage or internal error. Heavy modules (rich,
-libcst, the analysis) are imported only by the paths that need them; `--version` answers before
-typer is even imported, because start-up time is most of a pre-commit run.
+libcst, the analysis) are imported only by the paths that need them. Start-up time is most of a
+pre-commit run, and typer (with its click) is a sixth of a one-file run: `main` parses the common
+invocations (known options, well-formed values) itself, the way click would, and hands anything
+else (`--help`, a usage error, an option it does not know) to the typer app, which owns the help
+text and the error messages. `tests/linter/cli/test_fast_path.py` checks both parse alike.
 """
 
 from __future__ import annotations
@@ -11,14 +14,9 @@ import os
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
-
-import typer
 
 from linter import __version__
 from linter.types import failing
-
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
 
 class OutputFormat(str, Enum):
@@ -29,9 +27,23 @@ class OutputFormat(str, Enum):
     sarif = "sarif"
 
 
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(2)
+class _Exit(Exception):
+    """Leave with this exit code (typer's `Exit`, without importing typer)."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+def _echo(message: str, err: bool = False) -> None:
+    stream = sys.stderr if err else sys.stdout
+    stream.write(f"{message}\n")
+    stream.flush()
+
+
+def _fail(message: str) -> _Exit:
+    _echo(f"error: {message}", err=True)
+    return _Exit(2)
 
 
 def _selectors(values: list[str] | None) -> tuple[str, ...]:
@@ -85,7 +97,7 @@ def _show_loops(path: Path, output_format: OutputFormat) -> int:
     except NotebookError as exc:
         raise _fail(f"{path}: cannot read notebook: {exc}") from None
     except ParseFailure as failure:
-        typer.echo(_syntax_error_line(path, failure))
+        _echo(_syntax_error_line(path, failure))
         return 1
     if output_format == OutputFormat.json:
         sys.stdout.write(as_json(description))
@@ -111,50 +123,39 @@ def _syntax_error_line(path: Path, failure) -> str:
     return line(syntax_error(program.text, shown, failure), context)
 
 
-@app.command()
-def lint(
-    paths: Annotated[list[Path] | None, typer.Argument(help="Files or directories.")] = None,
-    fix: Annotated[bool, typer.Option("--fix", help="Apply safe fixes.")] = False,
-    unsafe_fixes: Annotated[
-        bool | None,
-        typer.Option("--unsafe-fixes/--no-unsafe-fixes", help="Also apply/show unsafe fixes."),
-    ] = None,
-    diff: Annotated[bool, typer.Option("--diff", help="Print the fixes as a diff.")] = False,
-    select: Annotated[list[str] | None, typer.Option(help="Codes or prefixes.")] = None,
-    ignore: Annotated[list[str] | None, typer.Option(help="Codes or prefixes.")] = None,
-    extend_select: Annotated[list[str] | None, typer.Option(help="Added to select.")] = None,
-    output_format: Annotated[OutputFormat, typer.Option()] = OutputFormat.full,
-    statistics: Annotated[bool, typer.Option("--statistics", help="Counts per code.")] = False,
-    exit_zero: Annotated[bool, typer.Option("--exit-zero", help="Exit 0 on findings.")] = False,
-    no_cache: Annotated[bool, typer.Option("--no-cache", help="Ignore the cache.")] = False,
-    config: Annotated[Path | None, typer.Option(help="Use this config file only.")] = None,
-    explain: Annotated[str | None, typer.Option(help="Explain a rule code.")] = None,
-    list_rules: Annotated[bool, typer.Option("--list-rules", help="List every rule.")] = False,
-    show_loops: Annotated[Path | None, typer.Option(help="Show the loop model.")] = None,
-    version: Annotated[bool, typer.Option("--version", help="Print the version.")] = False,
-    stdin_filename: Annotated[
-        Path | None, typer.Option(help="Read the source from stdin, linted as this path.")
-    ] = None,
-    add_noqa: Annotated[
-        bool, typer.Option("--add-noqa", help="Add `# noqa: CODE` to each line with a finding.")
-    ] = False,
-    output_file: Annotated[
-        Path | None, typer.Option("--output-file", "-o", help="Write the report to this file.")
-    ] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print the findings only.")] = False,
-    hints: Annotated[
-        bool | None,
-        typer.Option("--hints/--no-hints", help="Also report hints (never fail the run)."),
-    ] = None,
-) -> None:
-    """Catch silent mixed-precision, gradient-accumulation and data-parallel bugs."""
+def _lint(
+    paths: list[Path] | None = None,
+    fix: bool = False,
+    unsafe_fixes: bool | None = None,
+    diff: bool = False,
+    select: list[str] | None = None,
+    ignore: list[str] | None = None,
+    extend_select: list[str] | None = None,
+    output_format: OutputFormat = OutputFormat.full,
+    statistics: bool = False,
+    exit_zero: bool = False,
+    no_cache: bool = False,
+    config: Path | None = None,
+    explain: str | None = None,
+    list_rules: bool = False,
+    show_loops: Path | None = None,
+    version: bool = False,
+    stdin_filename: Path | None = None,
+    add_noqa: bool = False,
+    output_file: Path | None = None,
+    quiet: bool = False,
+    hints: bool | None = None,
+) -> int:
+    """The command itself: its exit code (`_Exit` for a usage error)."""
     if version:
-        typer.echo(f"accel-lint {__version__}")
-        return
+        _echo(f"accel-lint {__version__}")
+        return 0
     if explain is not None:
-        return _explain(explain)
+        _explain(explain)
+        return 0
     if list_rules:
-        return _list_rules()
+        _list_rules()
+        return 0
     from linter.config import ConfigError, Overrides, Resolver
 
     overrides = Overrides(
@@ -169,7 +170,7 @@ def lint(
     except ConfigError as exc:
         raise _fail(str(exc)) from None
     if show_loops is not None:
-        raise typer.Exit(_show_loops(show_loops, output_format))
+        return _show_loops(show_loops, output_format)
     mode = "diff" if diff else "write" if fix else "none"
     from linter.output.printer import OutputError, Printer
 
@@ -187,7 +188,7 @@ def lint(
         raise _fail(str(exc)) from None
     except OutputError as exc:
         raise _fail(str(exc)) from None
-    raise typer.Exit(0 if exit_zero and code == 1 else code)
+    return 0 if exit_zero and code == 1 else code
 
 
 def _stdin(paths, filename, resolver, mode, printer, add_noqa: bool) -> int:
@@ -197,7 +198,7 @@ def _stdin(paths, filename, resolver, mode, printer, add_noqa: bool) -> int:
         raise _fail("--add-noqa cannot be used with standard input")
     for path in paths:
         if path != Path("-"):
-            typer.echo(f"warning: ignoring {path}: the source is read from stdin", err=True)
+            _echo(f"warning: ignoring {path}: the source is read from stdin", err=True)
     try:
         return stdin.run(filename, resolver, mode, printer)
     except stdin.StdinError as exc:
@@ -222,7 +223,7 @@ def _lint_files(paths, resolver, mode, printer, no_cache):
     if cache is not None:
         cache.save()
     for shown, message in report.errors:
-        typer.echo(f"error: {shown}: {message}", err=True)
+        _echo(f"error: {shown}: {message}", err=True)
     return report
 
 
@@ -252,12 +253,12 @@ def _add_noqa(paths, resolver, printer, no_cache) -> int:
             try:
                 changed, unsuppressable = add_noqa_to_file(result.shown, result.diagnostics)
             except OSError as exc:
-                typer.echo(f"error: {result.shown}: cannot add noqa: {exc.strerror}", err=True)
+                _echo(f"error: {result.shown}: cannot add noqa: {exc.strerror}", err=True)
                 return 2
             added, left = added + changed, left + unsuppressable
     printer.say(f"Added {added} noqa directive{'s' if added != 1 else ''}.")
     if left:
-        typer.echo(f"warning: {left} finding(s) are on lines that cannot take a comment", err=True)
+        _echo(f"warning: {left} finding(s) are on lines that cannot take a comment", err=True)
     return 2 if report.errors else 0
 
 
@@ -265,14 +266,152 @@ def _errors(count: int) -> str:
     return f"{count} error{'s' if count != 1 else ''}"
 
 
+def __getattr__(name: str):
+    if name == "app":  # `from linter.cli import app`: typer is imported by who asks for it
+        from linter.typer_app import app
+
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# The options `main` parses itself, as the typer app declares them (test_fast_path.py compares
+# the two): a flag's parameter and value, a value option's parameter and whether it repeats.
+_FLAGS = {
+    "--fix": ("fix", True),
+    "--unsafe-fixes": ("unsafe_fixes", True),
+    "--no-unsafe-fixes": ("unsafe_fixes", False),
+    "--diff": ("diff", True),
+    "--statistics": ("statistics", True),
+    "--exit-zero": ("exit_zero", True),
+    "--no-cache": ("no_cache", True),
+    "--list-rules": ("list_rules", True),
+    "--version": ("version", True),
+    "--add-noqa": ("add_noqa", True),
+    "--quiet": ("quiet", True),
+    "-q": ("quiet", True),
+    "--hints": ("hints", True),
+    "--no-hints": ("hints", False),
+}
+_VALUES = {
+    "--select": ("select", True),
+    "--ignore": ("ignore", True),
+    "--extend-select": ("extend_select", True),
+    "--output-format": ("output_format", False),
+    "--config": ("config", False),
+    "--explain": ("explain", False),
+    "--show-loops": ("show_loops", False),
+    "--stdin-filename": ("stdin_filename", False),
+    "--output-file": ("output_file", False),
+    "-o": ("output_file", False),
+}
+_PATHS = frozenset({"paths", "config", "show_loops", "stdin_filename", "output_file"})
+
+
+def _parse(args: list[str]) -> dict | None:
+    """`_lint`'s arguments for `args` as click would give them, or None where click would say
+    more than the options (help, a usage error) or this parser is unsure: typer decides."""
+    options: dict = {}
+    paths: list[str] = []
+    index = 0
+    while index < len(args):
+        token = args[index]
+        index += 1
+        if not token.startswith("-"):
+            paths.append(token)
+            continue
+        name, equals, value = token.partition("=") if token.startswith("--") else (token, "", "")
+        if name in _FLAGS and not equals:
+            key, flag = _FLAGS[name]
+            options[key] = flag
+            continue
+        if name not in _VALUES:
+            return None  # --help, `-`, `--`, bundled short options, an unknown option
+        if not equals:
+            if index == len(args):
+                return None
+            value = args[index]
+            index += 1
+        if not value or value.startswith("-"):
+            return None
+        key, repeats = _VALUES[name]
+        if repeats:
+            options.setdefault(key, []).append(value)
+        else:
+            options[key] = value
+    if paths:
+        options["paths"] = paths
+    for key in _PATHS & options.keys():
+        values = options[key] if key == "paths" else [options[key]]
+        # click's Path checks: an existing path it cannot read is a usage error.
+        if any(os.path.exists(v) and not os.access(v, os.R_OK) for v in values):
+            return None
+        options[key] = [Path(v) for v in values] if key == "paths" else Path(values[0])
+    if "output_format" in options:
+        try:
+            options["output_format"] = OutputFormat(options["output_format"])
+        except ValueError:
+            return None
+    return options
+
+
+def _run(options: dict) -> None:
+    """`_lint(**options)` with the exits typer's `main` gives the same outcomes."""
+    import errno
+
+    try:
+        try:
+            code = _lint(**options)
+        except EOFError:
+            _echo("", err=True)
+            _echo("Aborted!", err=True)
+            code = 1
+        except KeyboardInterrupt:
+            code = 130
+        except OSError as exc:
+            if exc.errno != errno.EPIPE:
+                raise
+            sys.stdout, sys.stderr = _Pacified(sys.stdout), _Pacified(sys.stderr)
+            code = 1
+    except _Exit as exc:
+        code = exc.code
+    sys.exit(code)
+
+
+class _Pacified:
+    """A stream whose flush ignores a closed pipe (click's PacifyFlushWrapper)."""
+
+    def __init__(self, wrapped):
+        self.wrapped = wrapped
+
+    def flush(self) -> None:
+        try:
+            self.wrapped.flush()
+        except OSError as exc:
+            import errno
+
+            if exc.errno != errno.EPIPE:
+                raise
+
+    def __getattr__(self, name):
+        return getattr(self.wrapped, name)
+
+
 def main() -> None:
-    if sys.argv[1:] == ["--version"]:  # the fast path: no typer, no click
+    args = sys.argv[1:]
+    if args == ["--version"]:  # the fastest path: nothing else imported
         print(f"accel-lint {__version__}")
         return
-    if sys.argv[1:2] == ["server"]:  # the language server (as `ruff server`); lint ./server
+    if args[:1] == ["server"]:  # the language server (as `ruff server`); lint ./server
         from linter.server import main as serve
 
-        sys.exit(serve(sys.argv[2:]))
+        sys.exit(serve(args[1:]))
+    # Shell completion is typer's; Windows expands wildcards in typer's own parse.
+    completing = any(k.startswith("_") and k.endswith("_COMPLETE") for k in os.environ)
+    options = None if completing or os.name == "nt" else _parse(args)
+    if options is not None:
+        _run(options)
+    from linter.typer_app import app
+
     app()
 
 

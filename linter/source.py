@@ -12,7 +12,6 @@ import io
 import os
 import re
 import signal
-import tempfile
 import tokenize
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -97,6 +96,8 @@ def write_atomic(path: str, data: bytes, expected: bytes | None = None) -> None:
     if expected is not None and read_bytes(target) != expected:
         raise FileChanged(errno.EAGAIN, "the file changed on disk since it was read", path)
     folder = os.path.dirname(target)
+    import tempfile  # here: only a fix writes, and tempfile loads random and shutil
+
     with _signals_held():
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".accel-lint-", suffix=".tmp")
         try:
