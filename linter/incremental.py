@@ -180,19 +180,99 @@ def parse_in_pieces(source: str, tree: ast.Module, piece_bytes: int = 64 * 1024)
     if not groups:
         return cst.parse_module(source)
     texts = _chunk_texts(lines, [start for start, _ in groups])
-    pieces: list[list[str]] = []
+    pieces: list[list[int]] = []  # indices into texts and groups
     size = piece_bytes
-    for text in texts:
-        if size >= piece_bytes:
+    for index, text in enumerate(texts):
+        if size >= piece_bytes or len(text) > piece_bytes:
             pieces.append([])
             size = 0
-        pieces[-1].append(text)
+        pieces[-1].append(index)
         size += len(text)
     try:
-        chunks = [_parse_piece("".join(piece), len(piece)) for piece in pieces]
+        chunks = []
+        for piece in pieces:
+            text = "".join(texts[i] for i in piece)
+            nodes = groups[piece[0]][1]
+            if len(text) > piece_bytes and len(piece) == 1 and len(nodes) == 1:
+                try:
+                    start = groups[piece[0]][0]
+                    chunks.append(_parse_definition(text, nodes[0], start, piece_bytes))
+                except (_NotOneStatement, cst.ParserSyntaxError):
+                    chunks.append(_parse_piece(text, 1))  # this definition parsed whole
+            else:
+                chunks.append(_parse_piece(text, len(piece)))
         return _assemble(chunks, source)
     except (_NotOneStatement, _Unshareable, cst.ParserSyntaxError):
         return cst.parse_module(source)
+
+
+# Stand-ins that hold a piece of a definition's body, parsed at the body's own indentation.
+_STAND_INS = {
+    ast.FunctionDef: "def _():\n",
+    ast.AsyncFunctionDef: "async def _():\n",
+    ast.ClassDef: "class _:\n",
+}
+
+
+def _parse_definition(text: str, node: ast.stmt, start: int, piece_bytes: int) -> _Chunk:
+    """A top-level `def` or `class` bigger than a piece (one generated function of thousands of
+    statements): its header with its first body statements, then the rest of its body a piece
+    at a time, each parsed inside a stand-in definition of the same kind at column 0, so that
+    the statements keep their columns. Lines between two pieces lead the next statement, as in
+    the whole parse; a piece that ends otherwise (the stand-in's own footer) is not cut there."""
+    stand_in = _STAND_INS.get(type(node))
+    body = getattr(node, "body", [])
+    if stand_in is None or node.col_offset != 0 or len(body) < 2:
+        return _parse_piece(text, 1)
+    lines = _LINES.findall(text)
+    starts = []
+    for child in body:
+        decorators = getattr(child, "decorator_list", ())
+        first = min([child.lineno] + [d.lineno for d in decorators]) - 1 - start
+        if not starts or first >= starts[-1][1]:
+            starts.append((first, (child.end_lineno or child.lineno) - start))
+        else:
+            starts[-1] = (starts[-1][0], max(starts[-1][1], (child.end_lineno or 0) - start))
+    cuts = [0]  # line indices where a piece starts; the first holds the header
+    size = 0
+    for (first, end), (following, _) in zip(starts, starts[1:], strict=False):
+        size += sum(len(line) for line in lines[first:following])
+        # Only where no line comes between: libcst reads a blank or comment line at the end of
+        # a piece relative to the stand-in's column, not as the next statement's leading line.
+        if size >= piece_bytes and end == following:
+            cuts.append(following)
+            size = 0
+    if len(cuts) == 1:
+        return _parse_piece(text, 1)
+    texts = ["".join(lines[a:b]) for a, b in zip(cuts, [*cuts[1:], len(lines)], strict=True)]
+    head = cst.parse_module(texts[0])
+    definition = head.body[0] if len(head.body) == 1 else None
+    if not isinstance(definition, (cst.FunctionDef, cst.ClassDef)) or head.footer:
+        raise _NotOneStatement
+    block = definition.body
+    if not isinstance(block, cst.IndentedBlock) or block.footer:
+        raise _NotOneStatement
+    statements = list(block.body)
+    for index, piece in enumerate(texts[1:], start=2):
+        module = cst.parse_module(stand_in + piece)
+        inner = module.body[0].body if len(module.body) == 1 else None
+        if not isinstance(inner, cst.IndentedBlock) or inner.indent != block.indent:
+            raise _NotOneStatement
+        if module.default_indent != head.default_indent:
+            raise _NotOneStatement
+        if index < len(texts) and (inner.footer or module.footer):
+            raise _NotOneStatement
+        statements += inner.body
+        tail = module.with_changes(
+            body=[module.body[0].with_changes(body=inner.with_changes(body=inner.body[-1:]))]
+        ).code
+        if not (stand_in + piece).endswith(tail[len(stand_in) :]) or not tail.startswith(stand_in):
+            raise _NotOneStatement
+    definition = definition.with_changes(
+        body=block.with_changes(body=statements, footer=inner.footer)
+    )
+    whole = head.with_changes(body=[definition], footer=module.footer)
+    return _Chunk(whole, True)
 
 
 # A line indented into a block (or a continuation line: then the piece is only judged by the

@@ -64,7 +64,61 @@ def test_files_the_pieces_cannot_share_fall_back_to_the_whole_parse(text):
     assert pieces.deep_equals(cst.parse_module(text))
 
 
-@pytest.mark.parametrize("shape", ["pb2", "models", "tables", "mixed"])
+DEFINITIONS = """\
+import torch
+
+
+def traced_graph(x, params):
+    \"\"\"Generated.\"\"\"
+    v0 = torch.matmul(x, params[0])
+    # a comment between two statements
+    v1 = v0 + 1; v2 = v1 * 2
+
+# a comment at column 0 inside the body
+    @torch.no_grad()
+    def inner(y):
+        return y
+        # the inner block's footer
+
+    x = inner(v2)
+    return x
+    # the function's footer
+
+# leads the class
+
+
+class Generated(torch.nn.Module):
+    weight = 1.0
+
+    def forward(self, x):
+        return x * self.weight
+
+    async def fetch(self):
+        return await self.source()
+    # the class's footer
+
+
+async def main():
+    await run()
+    await run()
+"""
+
+
+@pytest.mark.parametrize("piece_bytes", [1, 30, 80])
+def test_big_definitions_are_cut_between_body_statements_as_the_whole_parse(piece_bytes):
+    assert_same_as_whole(DEFINITIONS, piece_bytes)
+    lines = DEFINITIONS.splitlines(keepends=True)
+    for position in range(len(lines) + 1):
+        for insert in ("    # indented comment\n", "\n", "  # odd indent\n", "# col 0\n"):
+            text = "".join(lines[:position] + [insert] + lines[position:])
+            try:
+                ast.parse(text)
+            except SyntaxError:
+                continue
+            assert_same_as_whole(text, piece_bytes)
+
+
+@pytest.mark.parametrize("shape", ["pb2", "models", "tables", "mixed", "one_function"])
 def test_a_big_generated_module_is_parsed_in_pieces_as_the_whole_file(shape):
     """The analysis' own path: from `PIECES_FROM` characters the tree comes from pieces."""
     text = generate(shape, PIECES_FROM + 1000)
