@@ -8,7 +8,6 @@ the config file's directory) extend the built-in excludes instead of replacing t
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import sys
@@ -144,6 +143,8 @@ def _selectors(where, key: str, value: object, known) -> tuple[str, ...]:
 def _unknown_keys(where, table: dict) -> None:
     unknown = sorted(set(table) - _KEYS)
     if unknown:
+        import difflib  # a misspelt key only
+
         close = difflib.get_close_matches(unknown[0], sorted(_KEYS), n=1)
         hint = f" (did you mean `{close[0]}`?)" if close else ""
         names = ", ".join(f"`{k}`" for k in unknown)

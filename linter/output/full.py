@@ -6,8 +6,6 @@ The text is built as (text, style) segments; rich is imported only when colour i
 
 from __future__ import annotations
 
-import difflib
-
 from linter.fixer import apply_fixes
 from linter.output import Context, fixable, placed, summary, where
 from linter.source import SourceError, decode, read_bytes, split_lines
@@ -88,6 +86,8 @@ def fix_preview(diagnostic: Diagnostic, text: str, pad: str) -> list[Segment]:
     fixed, applied = apply_fixes(text, [diagnostic.fix])
     if not applied:
         return []
+    import difflib  # only a fix's preview
+
     before, after = split_lines(text), split_lines(fixed)
     segments: list[Segment] = []
     matcher = difflib.SequenceMatcher(a=before, b=after, autojunk=False)
