@@ -306,48 +306,6 @@ def user_frame() -> Any:
     return frame
 
 
-def warning_at_user_line(call, *args: Any, **kwargs: Any) -> Any:
-    """`call(*args, **kwargs)` for a torch function the guard wraps: a warning torch points one
-    frame up (`stacklevel=2`, i.e. at the guard's wrapper) is shown at the user's line instead.
-
-    Used only where torch may warn (a scheduler's first step): recording warnings swaps the
-    process's filters, which costs a few microseconds and is not for every call."""
-    caught: list = []
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            return call(*args, **kwargs)
-    finally:
-        for message in caught:
-            _reissue(message)
-
-
-_registries: dict[str, dict] = {}
-
-
-def _reissue(message: warnings.WarningMessage) -> None:
-    """Warn again under the user's filters, at the user's frame when torch pointed at ours."""
-    if not message.filename.startswith(_GUARD_DIR):
-        registry = _registries.setdefault(message.filename, {})
-        warnings.warn_explicit(
-            message.message, message.category, message.filename, message.lineno, None, registry
-        )
-        return
-    frame = user_frame()
-    if frame is None:
-        return
-    user_globals = frame.f_globals
-    warnings.warn_explicit(
-        message.message,
-        message.category,
-        frame.f_code.co_filename,
-        frame.f_lineno,
-        user_globals.get("__name__"),
-        user_globals.setdefault("__warningregistry__", {}),
-        user_globals,
-    )
-
-
 def user_location() -> str | None:
     """file:line of the innermost frame that belongs to the user's code."""
     frame = user_frame()

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from guard import _patch, _report
+from guard import _patch, _report, _user_warnings
 from guard._tracker_state import WINDOW_HISTORY, OptState
 
 
@@ -170,12 +170,12 @@ class OptimizerPatches:
                     state=tracker.state(optimizer) if optimizer is not None else None,
                     via_wrapper=tracker.flags.sched_wrapper,
                 )
-            if args or kwargs or getattr(scheduler, "_step_count", 1) == 1:
-                # torch warns here (order of the first steps, a deprecated epoch argument)
-                return _report.warning_at_user_line(step, scheduler, *args, **kwargs)
             return step(scheduler, *args, **kwargs)
 
         _patch.patch(cls, "step", scheduler_step)
+        # torch warns from inside step() one frame up (the order of the first steps, a
+        # deprecated epoch argument): that frame is this wrapper, so point it at the user's.
+        _user_warnings.redirect(torch.optim.lr_scheduler)
 
 
 def _hashable(value: Any) -> bool:
