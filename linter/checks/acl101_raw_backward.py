@@ -132,7 +132,7 @@ def _what_is_bypassed(model, site, name: str) -> str:
     if engine is not None and engine.node is not None and k is None and precision is None:
         precision = "unknown"
     facts = []
-    if k is not None and model.int_value(k) != 1:
+    if k is not None and model.fixed_int(k) != 1:
         n = str(int_value(k)) if int_value(k) is not None else f"`{code(k)}`"
         flow = model.flow(site)
         divisors = flow.divisors if flow is not None else []

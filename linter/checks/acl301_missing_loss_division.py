@@ -56,7 +56,7 @@ def _handed_k(flow, gate) -> bool:
 def _manual_accumulation(model, gate) -> bool:
     if gate is None or gate.k is None or gate.kind not in ("modulo", "counter", "micro-loop"):
         return False
-    value = model.int_value(gate.k)
+    value = model.fixed_int(gate.k)
     return value is None or value > 1
 
 

@@ -34,7 +34,7 @@ def _accumulation_gate(model, loop):
         gate = model.gate_for(loop, site.stmt)
         if gate is None or gate.k is None or gate.kind not in ("modulo", "counter", "micro-loop"):
             continue
-        value = model.int_value(gate.k)
+        value = model.fixed_int(gate.k)
         if value is None or value > 1:
             return gate
     return None

@@ -56,7 +56,7 @@ class Configured:
     kind: str  # "accelerate" | "guard" | "deepspeed"
     value: cst.BaseExpression | None
     known: bool  # False when the configuration is out of sight (`**kwargs`, a JSON file)
-    number: int | None = None  # the value's integer, when the module fixes it (`ACCUM = 4`)
+    number: int | None = None  # the value's integer, when a literal gives it
 
     @property
     def accumulates(self) -> bool | None:
@@ -81,11 +81,11 @@ def _configurations(model) -> dict[str, Configured]:
                 value = _positional_plugin_steps(model, engine.node)
             hidden = has_star_kwargs(engine.node) or _opaque_plugin(model, engine.node)
             known = value is not None or not hidden
-            found[name] = Configured(name, engine.kind, value, known, model.int_value(value))
+            found[name] = Configured(name, engine.kind, value, known, model.fixed_int(value))
         elif engine.kind == "deepspeed":
             value = _deepspeed_k(model)
             found[name] = Configured(
-                name, "deepspeed", value, value is not None, model.int_value(value)
+                name, "deepspeed", value, value is not None, model.fixed_int(value)
             )
     return found
 

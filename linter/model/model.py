@@ -16,7 +16,7 @@ import ast
 
 import libcst as cst
 
-from linter.model import constants
+from linter.model import constants, cst_util
 from linter.model.callgraph import CallGraph
 from linter.model.cst_util import method_call
 from linter.model.dataflow import Flow, trace_loss
@@ -193,3 +193,9 @@ class Model:
         """The integer an expression is known to hold: a literal, or a name the module binds
         once to one (`ACCUM_STEPS = 4`), so K's value reads the same wherever K is named."""
         return constants.int_value(self, node)
+
+    def fixed_int(self, node: cst.CSTNode | None) -> int | None:
+        """The integer a literal at this use holds. "No accumulation" is decided by it (the
+        catalogue's "absent or literal 1"): a module constant `GRAD_ACCUM = 1` is a setting a
+        run may change, so a rule judges the loop by its code there, not by the value."""
+        return cst_util.int_value(node)

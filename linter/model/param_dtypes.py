@@ -62,7 +62,7 @@ def accumulates(model) -> bool:
     gate's K, other than the literal 1)."""
     values = [e.accum for e in engines(model) if e.accum is not None]
     values += [loop.gate.k for loop in model.loops if loop.gate is not None]
-    numbers = [model.int_value(k) for k in values if k is not None]
+    numbers = [model.fixed_int(k) for k in values if k is not None]
     return any(number is None or number > 1 for number in numbers)
 
 

@@ -406,7 +406,7 @@ def accumulation_value(model: Model, loop: TrainingLoop) -> cst.BaseExpression |
     """K of the loop that steps the scheduler (the step gate's, else the engine's), when it may
     be greater than 1."""
     k = loop.gate.k if loop.gate is not None and loop.gate.k is not None else model.engine_k()
-    value = model.int_value(k)
+    value = model.fixed_int(k)
     if k is None or (value is not None and value <= 1):
         return None
     return k

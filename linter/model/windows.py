@@ -382,7 +382,7 @@ def manual_window(model, loop: TrainingLoop, stmt: Stmt) -> Gate | None:
     gate = model.gate_for(loop, stmt)
     if gate is None or gate.kind not in MANUAL_GATES or gate.k is None:
         return None
-    value = model.int_value(gate.k)
+    value = model.fixed_int(gate.k)
     if (value is not None and value <= 1) or engine_only_k(model, gate.k, loop.scope):
         return None
     if _accumulates(model, loop):
@@ -487,7 +487,7 @@ def accumulates_more_than_once(model, receiver: str | None) -> bool:
         return True
     if engine.accum is None:
         return engine.node is None
-    value = model.int_value(engine.accum)
+    value = model.fixed_int(engine.accum)
     return value is None or value > 1
 
 

@@ -126,9 +126,13 @@ def acl310(source: str):
     return analyze_source(textwrap.dedent(source), "train.py", ["ACL310"])
 
 
-def test_acl310_reads_a_constant_one_as_no_accumulation():
-    """`GRAD_ACCUM = 1`: every micro-batch is an update step, a length in batches is right."""
-    assert acl310(SCHEDULED.format(k=1)) == []
+def test_acl310_judges_a_constant_one_by_its_code():
+    """`GRAD_ACCUM = 1` is a setting, not the catalogue's "absent or literal 1": the schedule
+    sized in batches is wrong the day it is 2, so the finding stays (its value is shown)."""
+    (found,) = acl310(SCHEDULED.format(k=1))
+    assert (found.code, found.start.line, found.start.column) == ("ACL310", 15, 68)
+    literal = SCHEDULED.format(k=1).replace("gradient_accumulation_steps=GRAD_ACCUM", "")
+    assert acl310(literal) == []  # no accumulation in code: a length in batches is right
 
 
 def test_acl310_still_flags_the_micro_batch_length_of_a_constant_four():
@@ -138,11 +142,15 @@ def test_acl310_still_flags_the_micro_batch_length_of_a_constant_four():
     assert "is not divided by K = `GRAD_ACCUM`" in found.message
 
 
-def test_acl301_reads_a_constant_one_gate_as_stepping_every_batch():
-    """`(i + 1) % ACCUM_STEPS == 0` with `ACCUM_STEPS = 1` steps on every batch: an undivided
-    loss is right there."""
+def test_acl301_judges_a_constant_one_gate_by_its_code():
+    """`(i + 1) % ACCUM_STEPS == 0` with `ACCUM_STEPS = 1` steps on every batch today, but the
+    constant is there to be changed: the undivided loss is reported as for any K (a literal
+    `% 1` gate is no window at all)."""
     source = MODULE_GATE.replace("ACCUM_STEPS = 4", "ACCUM_STEPS = 1").replace(" / ACCUM_STEPS", "")
-    assert analyze_source(textwrap.dedent(source), "train.py", ["ACL301"]) == []
+    (found,) = analyze_source(textwrap.dedent(source), "train.py", ["ACL301"])
+    assert (found.code, found.start.line, found.start.column) == ("ACL301", 9, 4)
+    literal = source.replace("% ACCUM_STEPS", "% 1")
+    assert analyze_source(textwrap.dedent(literal), "train.py", ["ACL301"]) == []
     four = MODULE_GATE.replace(" / ACCUM_STEPS", "")
     (found,) = analyze_source(textwrap.dedent(four), "train.py", ["ACL301"])
     assert (found.code, found.start.line, found.start.column) == ("ACL301", 9, 4)
