@@ -7,13 +7,13 @@ through pygls's codec with the document's lines split where Python splits them.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from lsprotocol import types
 
 from linter.types import Diagnostic, Edit, Position
 
 SOURCE = "accel-lint"
-# Each rule's documentation lives in its catalogue module (the `--explain` text).
-DOCS_URL = "https://github.com/accel-lint/accel-lint/blob/main/rules/{module}.py"
 SEVERITIES = {
     "error": types.DiagnosticSeverity.Error,
     "warning": types.DiagnosticSeverity.Warning,
@@ -68,7 +68,11 @@ def docs_href(code: str) -> str | None:
 
     if code not in ALL_RULES:
         return None  # ACL000: a syntax error has no rule page
-    return DOCS_URL.format(module=module_name(code))
+    # The rule's own module (its record and --explain text), wherever accel-lint is installed:
+    # the project publishes no documentation site.
+    import rules
+
+    return (Path(rules.__file__).parent / f"{module_name(code)}.py").as_uri()
 
 
 def to_lsp(diagnostic: Diagnostic, lines: Lines) -> types.Diagnostic:
