@@ -10,7 +10,7 @@ from functools import partial
 import libcst as cst
 
 from linter.model.callgraph import CallGraph
-from linter.model.cst_util import code, dotted, last_part, strip_parens
+from linter.model.cst_util import code, dotted, last_part, strip_parens, walk
 from linter.model.functions import Scope, Stmt
 from linter.model.loops import (
     STEP_KINDS,
@@ -68,10 +68,54 @@ class Gates:
         gates = [g for s in steps if (g := step_gate(loop, s)) is not None]
         if steps and not gates:
             return None
-        if gates and len(gates) < len(steps):
+        if gates:
             zeroes = [z for z in loop.of_kind("zero_grad") if same_path(z.stmt, stmt)]
-            return step_gate(loop, _consuming_step(steps, zeroes, stmt))
+            step = _consuming_step(steps, zeroes, stmt)
+            if self._no_window(loop, steps, step, zeroes, stmt):
+                return None
+            if len(gates) < len(steps):
+                return step_gate(loop, step)
         return gates[0] if gates else gate
+
+    def _no_window(self, loop, steps: list[Site], step: Site, zeroes: list[Site], stmt) -> bool:
+        """Whether the gated step that consumes `stmt`'s gradients ends no accumulation window.
+        Its optimizer also steps every iteration outside the gate (StyleGAN2's `g_optim.step()`
+        beside the lazy `if i % g_reg_every == 0:` block), or the gate's block is an update of
+        its own: it zeroes that optimizer's gradients, then runs `stmt`, then steps (WGAN's
+        `if i % n_critic == 0: opt_g.zero_grad(); g_loss.backward(); opt_g.step()`). Either
+        way the step sees one iteration's gradients, whatever the modulus."""
+        gate = step_gate(loop, step)
+        if gate is None:
+            return False
+        optimizer = _stepped(step)
+        if any(_stepped(s) == optimizer and step_gate(loop, s) is None for s in steps):
+            return True
+        inside = partial(_under, loop, gate)
+        if not (inside(stmt) and inside(step.stmt) and stmt.order < step.stmt.order):
+            return False
+        return any(
+            inside(z.stmt) and z.stmt.order < stmt.order and self._clears(z, optimizer)
+            for z in zeroes
+        )
+
+    def _clears(self, zero: Site, optimizer: str | None) -> bool:
+        """`opt.zero_grad()`, or `model.zero_grad()` of a model whose parameters `opt` was
+        built with (`g_optim = Adam(generator.parameters())`)."""
+        if zero.receiver is None or optimizer is None:
+            return False
+        if zero.receiver == optimizer:
+            return True
+        built = self.roles.setup.optimizers.get(optimizer)
+        if not isinstance(built, cst.Call):
+            return False
+        return any(
+            isinstance(n, cst.Call)
+            and isinstance(n.func, cst.Attribute)
+            and n.func.attr.value in ("parameters", "named_parameters")
+            and dotted(n.func.value) == zero.receiver
+            for arg in built.args
+            for n in walk(arg.value)
+        )
 
     def on_update_step(
         self, loop: TrainingLoop, stmt: Stmt, node: cst.CSTNode | None = None
@@ -196,6 +240,11 @@ def short_name(node: cst.BaseExpression) -> str:
 def branches(frames) -> set[tuple[int, bool]]:
     """The `if` branches (node, which arm) a statement sits in."""
     return {(id(f.node), f.holds) for f in frames if f.kind == "if"}
+
+
+def _under(loop: TrainingLoop, gate: Gate, stmt: Stmt) -> bool:
+    """Whether the statement is in the arm of the gate's `if` that lets update steps through."""
+    return any(f.node is gate.node and f.holds == gate.holds for f in loop.frames_of(stmt))
 
 
 def _runs_with(stmt: Stmt, loop: cst.CSTNode, other: Stmt) -> bool:

@@ -1074,3 +1074,89 @@ def test_generator_accumulated_beside_a_discriminator_stepped_every_batch(acl301
             g_optimizer.zero_grad()
     """
     assert acl301.findings(source) == [("ACL301", *at(source, "g_loss.backward()"))]
+
+
+STYLEGAN2 = """
+import torch
+from torch.nn import functional as F
+
+for idx in pbar:
+    i = idx + args.start_iter
+    real_img = next(loader).to(device)
+    fake_img, _ = generator(mixing_noise(args.batch, args.latent, args.mixing, device))
+    d_loss = F.softplus(discriminator(fake_img)).mean() + F.softplus(-discriminator(real_img))
+    discriminator.zero_grad()
+    d_loss.backward()
+    d_optim.step()
+
+    d_regularize = i % args.d_reg_every == 0
+    if d_regularize:
+        real_img.requires_grad = True
+        real_pred = discriminator(real_img)
+        r1_loss = d_r1_loss(real_pred, real_img)
+        discriminator.zero_grad()
+        (args.r1 / 2 * r1_loss * args.d_reg_every + 0 * real_pred[0]).backward()
+        d_optim.step()
+
+    fake_img, _ = generator(mixing_noise(args.batch, args.latent, args.mixing, device))
+    g_loss = F.softplus(-discriminator(fake_img)).mean()
+    generator.zero_grad()
+    g_loss.backward()
+    g_optim.step()
+
+    g_regularize = i % args.g_reg_every == 0
+    if g_regularize:
+        fake_img, latents = generator(noise, return_latents=True)
+        path_loss, mean_path_length, _ = g_path_regularize(fake_img, latents, mean_path_length)
+        generator.zero_grad()
+        weighted_path_loss = args.path_regularize * args.g_reg_every * path_loss
+        weighted_path_loss.backward()
+        g_optim.step()
+"""
+
+
+def test_lazy_regularisation_of_both_networks_is_not_accumulation(acl301):
+    # StyleGAN2: G and D step every iteration; each `i % reg_every` block is an update of its
+    # own, and `* args.g_reg_every` compensates on purpose for applying the penalty lazily
+    assert acl301.findings(STYLEGAN2) == []
+
+
+def test_generator_updated_every_n_critic_in_a_block_of_its_own(acl301, at):
+    # WGAN-style: G's whole update (zero_grad, backward, step) runs under its own modulus
+    source = STYLEGAN2.replace("    g_optim.step()\n\n", "\n").replace(
+        "    generator.zero_grad()\n    g_loss.backward()\n", ""
+    )
+    source = source.replace(
+        "        weighted_path_loss.backward()\n",
+        "        (weighted_path_loss + g_loss).backward()\n",
+    )
+    source = source.replace(
+        "for idx in pbar:",
+        "g_optim = torch.optim.Adam(generator.parameters(), lr=args.lr, betas=(0, 0.99))\n"
+        "for idx in pbar:",
+    )
+    assert source.count("g_optim.step()") == 1
+    assert acl301.findings(source) == []
+    # the block zeroes the discriminator instead: G's gradients pile up over g_reg_every steps
+    wrong = source.replace("        generator.zero_grad()\n", "        discriminator.zero_grad()\n")
+    assert acl301.findings(wrong) == [
+        ("ACL301", *at(wrong, "(weighted_path_loss + g_loss).backward()"))
+    ]
+
+
+def test_generator_accumulated_into_its_lazy_step_is_flagged(acl301, at):
+    # no zero_grad in G's block and no step outside it: `g_loss` sums g_reg_every iterations
+    source = (
+        STYLEGAN2.replace(
+            "    generator.zero_grad()\n    g_loss.backward()\n    g_optim.step()\n",
+            "    g_loss.backward()\n",
+        )
+        .replace("        generator.zero_grad()\n", "")
+        .replace(
+            "        g_optim.step()\n", "        g_optim.step()\n        generator.zero_grad()\n"
+        )
+    )
+    assert acl301.findings(source) == [
+        ("ACL301", *at(source, "g_loss.backward()")),
+        ("ACL301", *at(source, "weighted_path_loss.backward()")),
+    ]

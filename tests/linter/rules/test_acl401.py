@@ -1100,3 +1100,60 @@ def test_returned_no_sync_around_the_optimizer_step_is_acl405s(acl405, at):
     )
     assert "            optimizer.step()\n            optimizer.zero_grad()" in source
     assert acl405.findings(source) == [("ACL405", *at(source, "sync_context(model, sync)", 1))]
+
+
+LAZY_GAN = """
+import torch
+from torch import nn
+
+generator = nn.parallel.DistributedDataParallel(Generator(size).to(device), device_ids=[rank])
+discriminator = nn.parallel.DistributedDataParallel(Discriminator(size).cuda(), device_ids=[rank])
+g_optim = torch.optim.Adam(generator.parameters(), lr=args.lr, betas=(0, 0.99))
+d_optim = torch.optim.Adam(discriminator.parameters(), lr=args.lr, betas=(0, 0.99))
+for i in range(args.start_iter, args.iter):
+    real_img = next(loader).to(device)
+    fake_img, _ = generator(mixing_noise(args.batch, args.latent, args.mixing, device))
+    d_loss = d_logistic_loss(discriminator(real_img), discriminator(fake_img))
+    discriminator.zero_grad()
+    d_loss.backward()
+    d_optim.step()
+    if i % args.d_reg_every == 0:
+        real_img.requires_grad = True
+        real_pred = discriminator(real_img)
+        discriminator.zero_grad()
+        (args.r1 / 2 * d_r1_loss(real_pred, real_img) * args.d_reg_every).backward()
+        d_optim.step()
+    fake_img, _ = generator(mixing_noise(args.batch, args.latent, args.mixing, device))
+    g_loss = g_nonsaturating_loss(discriminator(fake_img))
+    generator.zero_grad()
+    g_loss.backward()
+    g_optim.step()
+    if i % args.g_reg_every == 0:
+        fake_img, latents = generator(noise, return_latents=True)
+        path_loss, mean_path_length, _ = g_path_regularize(fake_img, latents, mean_path_length)
+        generator.zero_grad()
+        (args.path_regularize * args.g_reg_every * path_loss).backward()
+        g_optim.step()
+"""
+
+
+def test_lazy_regularisation_blocks_are_not_accumulation_windows(acl401):
+    # StyleGAN2: both networks step (and all-reduce) every iteration; a `no_sync` would break
+    assert acl401.findings(LAZY_GAN) == []
+
+
+def test_generator_accumulated_into_its_lazy_step_is_flagged(acl401, at):
+    # G steps only in the gated block and is not zeroed there: a real window of g_reg_every
+    source = (
+        LAZY_GAN.replace(
+            "    generator.zero_grad()\n    g_loss.backward()\n    g_optim.step()\n",
+            "    g_loss.backward()\n",
+        )
+        .replace("        generator.zero_grad()\n", "")
+        .replace(
+            "        g_optim.step()\n", "        g_optim.step()\n        generator.zero_grad()\n"
+        )
+    )
+    assert acl401.findings(source) == [
+        ("ACL401", *at(source, "generator(mixing_noise(args.batch, args.latent"))
+    ]
