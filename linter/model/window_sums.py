@@ -76,13 +76,20 @@ def decay_rescaled_by_window(model: Model, k: cst.BaseExpression) -> cst.CSTNode
                 target, value = node.target, node.value
             elif isinstance(node, cst.Assign) and len(node.targets) == 1:
                 target, value = node.targets[0].target, node.value
-                if not any(code(n) == code(target) for n in walk(value)):
-                    continue  # `wd = wd * ...` rescales; `wd = 0.05 * bs * K` sets
             else:
                 continue
-            if _DECAY.search(_key(target)) and _window_count(model, value, k, scope, stmt.order):
+            if not _DECAY.search(_key(target)):  # cheap first: most statements stop here
+                continue
+            if isinstance(node, cst.Assign) and not _reads_itself(target, value):
+                continue  # `wd = wd * ...` rescales; `wd = 0.05 * bs * K` sets
+            if _window_count(model, value, k, scope, stmt.order):
                 return node
     return None
+
+
+def _reads_itself(target: cst.BaseExpression, value: cst.BaseExpression) -> bool:
+    text = code(target)
+    return any(code(n) == text for n in walk(value))
 
 
 def _key(target: cst.BaseExpression) -> str:
