@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from linter.context import make_fix
 from linter.model.cst_util import code, dotted, int_value, strip_parens, walk
+from linter.model.evaluation import names_a_model
 from linter.model.loops import same_path
 from linter.model.window_sums import decay_rescaled_by_window
 
@@ -41,7 +44,56 @@ def _divided_elsewhere_on_its_path(model, loop, site) -> bool:
     for other in loop.of_kind("engine_backward"):
         if model.divides_by_k(other) and same_path(other.stmt, site.stmt):
             return True
+    if any(_may_scale_gradients(model, loop, c, site) for c in loop.scope.calls):
+        return True
     return bool(model.reached_sites(loop, site.stmt, "grad_div"))
+
+
+_SCALES_GRADS = re.compile(
+    r"(scale|div|normali[sz]e|mul)\w*grad|grad\w*(scale|div|normali[sz]e|mul)"
+)
+
+
+def _may_scale_gradients(model, loop, call, site) -> bool:
+    """A call the linter cannot see into, on the update step before the optimizer steps, that
+    is handed the model (or its parameters) and a ratio, or is named for scaling gradients:
+    torchtune's `training.scale_grads(model, 1 / num_tokens)` divides `.grad` by the window's
+    token count. A ratio or the name is required, so `wandb.watch(model)`, `print(model)` or
+    `log_metrics(model, step)` hide nothing; clipping, steps and the module's own functions
+    (read by `reached_sites`) are known calls, not guesses."""
+    stmt = call.stmt
+    if model.local_function(call.call.func, stmt.scope) is not None:
+        return False
+    if any(s.call is call.call for s in loop.sites) or not same_path(stmt, site.stmt):
+        return False
+    if not any(f.node is loop.node for f in stmt.frames) or not model.on_update_step(loop, stmt):
+        return False
+    if not any(same_path(s.stmt, stmt) and s.stmt.order > stmt.order for s in loop.steps):
+        return False
+    values = [a.value for a in call.call.args]
+    handed = [v for v in values if _model_or_parameters(model, v)]
+    if not handed:
+        return False
+    named = bool(_SCALES_GRADS.search((call.func or "").rsplit(".", 1)[-1].lower()))
+    return named or any(_ratio(model, v, stmt) for v in values if all(v is not h for h in handed))
+
+
+def _model_or_parameters(model, value) -> bool:
+    """`model`, `self._model`, or `model.parameters()`."""
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
+        if value.func.attr.value in ("parameters", "named_parameters"):
+            return True
+    text = dotted(value)
+    return text is not None and names_a_model(model, text)
+
+
+def _ratio(model, value, stmt) -> bool:
+    """`1 / num_tokens`, `1.0 / n`, or a name bound to such a ratio."""
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Divide):
+        return True
+    text = dotted(value)
+    defs = stmt.scope.defs_before(text, stmt.order) if text else []
+    return bool(defs) and defs[-1].op == "=" and _ratio(model, defs[-1].value, defs[-1].stmt)
 
 
 def _handed_k(flow, gate) -> bool:

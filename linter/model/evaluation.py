@@ -183,6 +183,12 @@ def is_model_call(model, call: CallSite) -> bool:
     return name in model_names(model) or bool(_MODEL_NAME.match(name))
 
 
+def names_a_model(model, text: str) -> bool:
+    """Whether a dotted name holds a model, by what the module does with it or by its name."""
+    name = last_part(unwrapped(text))
+    return name in model_names(model) or bool(_MODEL_NAME.match(name))
+
+
 def _needs_gradients(model, context: EvalContext) -> bool:
     """Evaluation that needs gradients on purpose (test-time adaptation, saliency maps): a
     backward, `autograd.grad`, `torch.enable_grad()` or an optimizer step inside it. A loop

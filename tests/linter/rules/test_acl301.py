@@ -1160,3 +1160,82 @@ def test_generator_accumulated_into_its_lazy_step_is_flagged(acl301, at):
         ("ACL301", *at(source, "g_loss.backward()")),
         ("ACL301", *at(source, "weighted_path_loss.backward()")),
     ]
+
+
+TOKEN_SUM = """
+import torch
+from torchtune import training
+
+num_tokens = 0
+for idx, batch in enumerate(dataloader):
+    current_num_tokens = (batch["labels"] != loss_fn.ignore_index).sum()
+    num_tokens += current_num_tokens
+    logits = model(batch["tokens"])
+    current_loss = loss_fn(logits, batch["labels"]) * current_num_tokens
+    current_loss.backward()
+    if (idx + 1) % gradient_accumulation_steps == 0:
+        training.scale_grads(model, 1 / num_tokens)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        num_tokens = 0
+"""
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        "training.scale_grads(model, 1 / num_tokens)",
+        "training.scale_grads_(model.parameters(), 1.0 / num_tokens)",
+        "inv = 1.0 / num_tokens\n        utils.apply_factor(model.parameters(), inv)",
+        "grad_utils.normalize_grads(model)",
+    ],
+)
+def test_gradients_scaled_by_an_imported_helper_before_the_step(acl301, scaling):
+    # torchtune: each loss is a token sum; an imported helper divides `.grad` by the window's
+    # token count before the step, which the linter cannot read: a possible gradient division
+    source = TOKEN_SUM.replace("training.scale_grads(model, 1 / num_tokens)", scaling)
+    assert acl301.findings(source) == []
+
+
+def test_gradients_scaled_in_a_trainer_method_by_an_imported_helper(acl301):
+    source = """
+    from torchtune import training
+
+    class FullFinetuneRecipeSingleDevice:
+        def train(self):
+            num_tokens = 0
+            for idx, batch in enumerate(self._dataloader):
+                current_num_tokens = (batch["labels"] != self._loss_fn.ignore_index).sum()
+                num_tokens += current_num_tokens
+                current_loss = self._loss_step(batch) * current_num_tokens
+                current_loss.backward()
+                if (idx + 1) % self._gradient_accumulation_steps == 0:
+                    training.scale_grads_(self._model.parameters(), 1.0 / num_tokens)
+                    self._optimizer.step()
+                    self._optimizer.zero_grad(set_to_none=True)
+                    num_tokens = 0
+    """
+    assert acl301.findings(source) == []
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        ("", ""),
+        ("wandb.watch(model)", ""),
+        ("print(model)", ""),
+        ("logger.log_model(model, idx)", ""),
+        ("torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)", ""),
+        ("", "training.scale_grads(model, 1 / num_tokens)"),
+    ],
+)
+def test_calls_that_do_not_scale_gradients_before_the_step_hide_nothing(acl301, at, before, after):
+    # no call, a call handed the model without a ratio, clipping, or scaling after the step
+    source = TOKEN_SUM.replace(
+        "        training.scale_grads(model, 1 / num_tokens)\n",
+        f"        {before}\n" if before else "",
+    ).replace(
+        "        optimizer.step()\n",
+        f"        optimizer.step()\n        {after}\n" if after else "        optimizer.step()\n",
+    )
+    assert acl301.findings(source) == [("ACL301", *at(source, "current_loss.backward()"))]
