@@ -9,6 +9,7 @@ from __future__ import annotations
 import libcst as cst
 
 from linter.model import Model
+from linter.model.cst_util import walk
 from linter.types import Diagnostic, Edit, Fix, Position
 
 
@@ -80,14 +81,21 @@ class RuleContext:
         return start.line, end.line
 
     def wrap_in_if(self, line_nodes: list[cst.CSTNode], condition: str) -> Edit | None:
-        """Put whole statement lines (comments included) under one `if condition:`."""
+        """Put whole statement lines (comments included) under one `if condition:`: lines of one
+        statement each, or whole `if` statements with all their branches. The nodes must be
+        consecutive statements of one block: the edit spans the lines from the first to the
+        last, so a sibling clause (`else:`, `except:`) or another statement between them would
+        be nested under the new `if` too, and a multi-line string would gain indentation."""
         for node in line_nodes:
-            if not isinstance(node, cst.SimpleStatementLine) or len(node.body) != 1:
+            simple = isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1
+            if not (simple or isinstance(node, cst.If)) or not self._starts_line(node):
                 return None
-            if not self._starts_line(node):
+            if any(_multiline_string(self, n) for n in walk(node)):
                 return None
         first = self._full_lines(line_nodes[0])[0]
         last = self._full_lines(line_nodes[-1])[1]
+        if not self._only_these(line_nodes, first, last):
+            return None
         indent = self.indentation(first)
         body = [
             (self.indent_unit + text) if text.strip() else text
@@ -96,6 +104,22 @@ class RuleContext:
         content = f"{indent}if {condition}:\n" + "\n".join(body)
         end = Position(last, len(self.lines[last - 1]))
         return Edit(Position(first, 0), end, content)
+
+    def _only_these(self, line_nodes: list[cst.CSTNode], first: int, last: int) -> bool:
+        """Whether lines `first`..`last` hold only these statements (one indentation) and
+        blank or comment lines: any other line would be a clause or a statement of its own."""
+        covered = set()
+        for node in line_nodes:
+            start, end = self._full_lines(node)
+            covered.update(range(start, end + 1))
+        indents = {self.indentation(self.line_of(node)) for node in line_nodes}
+        if len(indents) != 1:
+            return False
+        for number in range(first, last + 1):
+            text = self.lines[number - 1].strip()
+            if number not in covered and text and not text.startswith("#"):
+                return False
+        return True
 
     def _starts_line(self, node: cst.CSTNode) -> bool:
         start, _ = self.span(node)
@@ -122,6 +146,13 @@ class RuleContext:
             body.append(outer + text[len(outer + prefix) :] if text.strip() else text)
         end = Position(last, len(self.lines[last - 1]))
         return Edit(Position(first, 0), end, "\n".join(body))
+
+
+def _multiline_string(ctx: RuleContext, node: cst.CSTNode) -> bool:
+    if not isinstance(node, (cst.SimpleString, cst.FormattedString)):
+        return False
+    start, end = ctx.span(node)
+    return start.line != end.line
 
 
 def make_fix(message: str, *edits: Edit | None, applicability: str = "safe") -> Fix | None:

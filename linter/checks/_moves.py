@@ -1,8 +1,11 @@
 """Edits that move a one-line statement to another block (ACL303, ACL304, ACL305).
 
 A statement moves as its whole physical line, trailing comment included, re-indented to the
-line it goes after. Only a statement alone on its own line moves, and never the last statement
-of its block (the block would be left empty).
+line it goes after. Only a statement alone on its own line moves, never the last statement of
+its block (the block would be left empty), and never out of a `try`/`except`/`finally` or
+`match` block (which exceptions it is under would change). Statements moved together must be
+consecutive statements of one block, so no sibling clause (`else:`, `except:`) or other
+statement is taken along.
 """
 
 from __future__ import annotations
@@ -20,20 +23,51 @@ def movable(ctx, stmt: Stmt) -> bool:
     start, end = ctx.span(line)
     if start.line != end.line or ctx.lines[start.line - 1][: start.column].strip():
         return False
-    return _block_size(stmt) > 1
+    found = block_of(stmt.scope.node, line)
+    if found is None or len(found[1]) < 2 or isinstance(found[0], _GUARDED):
+        return False
+    owner, body = found
+    loop_else = isinstance(owner, (cst.For, cst.While)) and owner.orelse is not None
+    return not (loop_else and body is owner.orelse.body.body)  # runs only when no `break`
 
 
-def _block_size(stmt: Stmt) -> int:
-    """How many statements the block holding `stmt` has."""
-    for frame in reversed(stmt.frames):
-        if frame.kind == "exit":
-            continue
-        node = frame.node
-        if frame.kind == "if" and not frame.holds:
-            node = node.orelse
-        body = getattr(node, "body", None)
-        return len(body.body) if isinstance(body, cst.IndentedBlock) else 1
-    return 2  # the module or function body
+# blocks whose statements run under an exception handler or a pattern: moving out changes that
+_GUARDED = (cst.Try, cst.TryStar, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally)
+_GUARDED += (cst.MatchCase,)
+
+
+def block_of(root: cst.CSTNode, target: cst.CSTNode):
+    """(owner, statements) of the block that directly holds the statement `target`: a body, a
+    branch, a handler, `else:` or `finally:`, found by identity under `root` (a function or the
+    module). The owner of an `else:` block is the statement the `else:` belongs to, as for its
+    body. None if not found."""
+    stack = [(root, root)]
+    while stack:
+        node, owner = stack.pop()
+        if isinstance(node, (cst.Module, cst.IndentedBlock)):
+            if any(s is target for s in node.body):
+                return owner, node.body
+        for child in node.children:
+            if isinstance(child, (cst.BaseExpression, cst.SimpleStatementLine)):
+                continue
+            if isinstance(child, (cst.FunctionDef, cst.ClassDef)) and child is not target:
+                continue  # a nested definition: its statements are another scope's
+            if isinstance(child, cst.IndentedBlock):
+                stack.append((child, owner if isinstance(node, cst.Else) else node))
+            else:
+                stack.append((child, node if isinstance(child, cst.Else) else child))
+    return None
+
+
+def consecutive(root: cst.CSTNode, lines: list[cst.CSTNode]) -> bool:
+    """Whether `lines` are one block's statements, one after another with none between."""
+    found = block_of(root, lines[0])
+    if found is None:
+        return False
+    body = list(found[1])
+    start = next(i for i, s in enumerate(body) if s is lines[0])
+    chunk = body[start : start + len(lines)]
+    return len(chunk) == len(lines) and all(a is b for a, b in zip(chunk, lines, strict=True))
 
 
 def delete(ctx, stmt: Stmt) -> Edit:
@@ -65,6 +99,11 @@ def move_before(ctx, stmts: list[Stmt], anchor: Stmt) -> list[Edit] | None:
     """Delete the lines of `stmts` and insert them, in order, just before `anchor`'s line, at
     its indentation; None when one of them cannot move."""
     if not all(movable(ctx, stmt) for stmt in stmts):
+        return None
+    lines = [stmt.line for stmt in stmts]
+    if len({id(line) for line in lines}) != len(lines):
+        return None
+    if not consecutive(stmts[0].scope.node, lines):
         return None
     if not isinstance(anchor.line, cst.SimpleStatementLine) or not _alone(ctx, anchor):
         return None

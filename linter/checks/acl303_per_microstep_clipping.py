@@ -30,39 +30,102 @@ def check(ctx) -> None:
                 if _gated_manually(model, gate, site):
                     found.append((site, _condition(gate), "a manual accumulation loop"))
                     gates[id(site)] = gate
+        whole = _whole_ifs(found)
         for run in _runs(found):
-            _report_run(ctx, run, _step_anchor(model, loop, gates.get(id(run[0][0])), run))
+            unit = whole.get(id(run[0][0]))
+            anchor = _step_anchor(model, loop, gates.get(id(run[0][0])), run)
+            if unit is not None and anchor is not None:
+                anchor = _STAYS  # a whole `if` statement does not move
+            _report_run(ctx, run, anchor, unit)
 
 
 def _accumulates_once(model, receiver) -> bool:
     """An engine built with a literal `gradient_accumulation_steps=1`: every step syncs."""
     engine = model.setup.engines.get(receiver or "")
-    value = model.int_value(engine.accum) if engine is not None else None
+    value = model.fixed_int(engine.accum) if engine is not None else None
     return value is not None and value <= 1
 
 
 def _runs(found):
-    """Group adjacent flagged statements of one block: one `if` then covers them all."""
+    """Group adjacent flagged statements of one block: one `if` then covers them all. Clips
+    that are every branch of one `if`/`elif`/`else` form a run of their own, gated as a whole
+    statement (gating the lines from the first branch to the last would nest `else:` too)."""
     runs = []
+    whole = _whole_ifs(found)
     for item in found:
         site, condition, _ = item
+        unit = whole.get(id(site))
         if runs:
             previous, previous_condition, _ = runs[-1][-1]
-            adjacent = site.stmt.order == previous.stmt.order + 1
-            same_block = [id(f.node) for f in site.stmt.frames] == [
-                id(f.node) for f in previous.stmt.frames
-            ]
-            if adjacent and same_block and condition == previous_condition:
+            previous_unit = whole.get(id(previous))
+            if unit is not None or previous_unit is not None:
+                if unit is previous_unit:
+                    runs[-1].append(item)
+                    continue
+            elif condition == previous_condition and moves.consecutive(
+                site.stmt.scope.node, [previous.stmt.line, site.stmt.line]
+            ):
                 runs[-1].append(item)
                 continue
         runs.append([item])
     return runs
 
 
+def _whole_ifs(found) -> dict[int, cst.If]:
+    """id(site) -> the `if` statement around it when each branch of that statement (two or
+    more, through `elif`s) holds only flagged one-statement lines with one condition, and its
+    tests can be evaluated less often without side effects."""
+    condition_of = {id(site.stmt.line): condition for site, condition, _ in found}
+    whole = {}
+    for site, condition, _ in found:
+        frames = site.stmt.frames
+        if not frames or frames[-1].kind != "if" or condition is None:
+            continue
+        i = len(frames) - 1
+        while i > 0 and frames[i - 1].kind == "if" and not frames[i - 1].holds:
+            if frames[i - 1].node.orelse is not frames[i].node:
+                break
+            i -= 1
+        top = frames[i].node
+        branches = _branches(top)
+        if branches is None or len(branches) < 2:
+            continue
+        lines = [line for branch in branches for line in branch]
+        if not any(line is site.stmt.line for line in lines):
+            continue  # deeper, e.g. in a `try:` inside the branch
+        if all(condition_of.get(id(line), object()) == condition for line in lines):
+            if all(_pure(test) for test in _tests(top)):
+                whole[id(site)] = top
+    return whole
+
+
+def _branches(node: cst.If):
+    """The statements of each branch of an `if`/`elif`/`else` chain; None for one-line ones."""
+    branches = []
+    while True:
+        if not isinstance(node.body, cst.IndentedBlock):
+            return None
+        branches.append(list(node.body.body))
+        if isinstance(node.orelse, cst.If):
+            node = node.orelse
+            continue
+        if node.orelse is not None:
+            if not isinstance(node.orelse.body, cst.IndentedBlock):
+                return None
+            branches.append(list(node.orelse.body.body))
+        return branches
+
+
+def _tests(node: cst.If):
+    while isinstance(node, cst.If):
+        yield node.test
+        node = node.orelse
+
+
 def _gated_manually(model, gate, site) -> bool:
     if gate is None or gate.kind == "accumulate":
         return False
-    value = model.int_value(gate.k)
+    value = model.fixed_int(gate.k)
     if value is not None and value <= 1:
         return False
     if gate.kind == "micro-loop":
@@ -74,13 +137,21 @@ def _condition(gate) -> str | None:
     """The step condition as text, when it can be repeated without side effects."""
     if gate.test is None or gate.caller is not None:
         return None  # a caller's condition reads names this function does not have
-    for node in walk(gate.test):
-        if isinstance(node, cst.Call) and dotted(node.func) != "len":
-            return None
-        if isinstance(node, (cst.NamedExpr, cst.Await, cst.Yield, cst.Lambda)):
-            return None
+    if not _pure(gate.test):
+        return None
     text = code(gate.test)
     return text if gate.holds else f"not ({text})"
+
+
+def _pure(test) -> bool:
+    """No calls (but `len`), walrus, await, yield or lambda: evaluating it again or less often
+    computes the same."""
+    for node in walk(test):
+        if isinstance(node, cst.Call) and dotted(node.func) != "len":
+            return False
+        if isinstance(node, (cst.NamedExpr, cst.Await, cst.Yield, cst.Lambda)):
+            return False
+    return True
 
 
 def _step_anchor(model, loop, gate, run):
@@ -99,8 +170,9 @@ def _step_anchor(model, loop, gate, run):
         (s.stmt for s in loop.steps if any(f.node is gate.node for f in s.stmt.frames)),
         key=lambda stmt: stmt.order,
     )
-    if not steps or _frames_outside(steps[0], gate.node) != _frame_ids(run[0][0].stmt):
-        return None  # the clip sits under a condition of its own (`if args.fp16:`): keep it
+    if not steps:
+        return None
+    under_own = _frames_outside(steps[0], gate.node) != _frame_ids(run[0][0].stmt)
     last = run[-1][0].stmt
     read = {n.value for n in walk(gate.test) if isinstance(n, cst.Name)}
     written = {
@@ -118,7 +190,14 @@ def _step_anchor(model, loop, gate, run):
         w.gate.node is gate.node and (_gains_last_batch_clause(w) or w.error() not in (0, None))
         for _, w in windows.window_gates(model)
     )  # ACL307 adds a last-batch clause, ACL312 shifts an off-by-one test
+    if under_own:
+        # under a condition of its own (`if args.fp16:`) it cannot move into the step branch;
+        # a gate copied in place that would read other values than the step's: no fix
+        return _STAYS if read & written or divided else None
     return steps[0] if read & written or divided or rewritten else None
+
+
+_STAYS = object()  # a run that must not be gated where it stands, and cannot move either
 
 
 def _gains_last_batch_clause(window) -> bool:
@@ -158,16 +237,21 @@ def _frames_outside(stmt, node) -> list[int]:
     return ids
 
 
-def _report_run(ctx, run, anchor=None) -> None:
+def _report_run(ctx, run, anchor=None, unit=None) -> None:
+    """One fix for the run: move it before the step `anchor`, or gate it where it stands (a
+    whole `if` statement `unit` when its branches are the run)."""
     condition = run[0][1]
     fix = None
     if any(_binds_name_read_elsewhere(s.stmt) for s, _, _ in run):
         pass  # `norm = clip(...)` read later: moving or gating it would change what is read
+    elif anchor is _STAYS:
+        pass
     elif anchor is not None:
         edits = moves.move_before(ctx, [s.stmt for s, _, _ in run], anchor)
         fix = make_fix("Move it into the optimizer-step branch", *(edits or []))
     elif condition is not None:
-        edit = ctx.wrap_in_if([s.stmt.line for s, _, _ in run], condition)
+        lines = [unit] if unit is not None else [s.stmt.line for s, _, _ in run]
+        edit = ctx.wrap_in_if(lines, condition)
         fix = make_fix(f"Run it only when `{condition}`", edit)
     for site, _, where in run:
         _report(ctx, site, condition, where, fix)

@@ -590,3 +590,318 @@ def test_with_acl312_the_clip_moves_into_the_gate_whose_test_is_shifted():
             opt.zero_grad()
     """
     assert _fixed_together(source, ["ACL303", "ACL312"]) == CLIP_IN_THE_FIXED_GATE
+
+
+# compound statements: an edit takes exactly the flagged statements' lines ---------------------
+
+
+def _fixes(acl303, source):
+    return [d.fix for d in acl303.diagnostics(source)]
+
+
+def test_clips_in_both_branches_of_an_if_gate_the_whole_if(acl303, at):
+    """open_flamingo's train_utils: gating the lines from the first clip to the second would
+    nest `else:` under the new `if`, and with `use_fsdp` false nothing would clip again."""
+    source = """
+    import torch
+
+    for num_steps, batch in enumerate(train_loader):
+        loss = model(batch.cuda()).loss / gradient_accumulation_steps
+        loss.backward()
+        # clip gradient norm
+        if use_fsdp:
+            model.clip_grad_norm_(1.0)
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if (num_steps + 1) % gradient_accumulation_steps == 0 or last_batch:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    """
+    assert acl303.findings(source) == [
+        ("ACL303", *at(source, "model.clip_grad_norm_")),
+        ("ACL303", *at(source, "torch.nn.utils.clip_grad_norm_")),
+    ]
+    gate = "(num_steps + 1) % gradient_accumulation_steps == 0 or last_batch"
+    assert acl303.fixed(source) == textwrap.dedent(source).replace(
+        "    if use_fsdp:\n"
+        "        model.clip_grad_norm_(1.0)\n"
+        "    else:\n"
+        "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n",
+        f"    if {gate}:\n"
+        "        if use_fsdp:\n"
+        "            model.clip_grad_norm_(1.0)\n"
+        "        else:\n"
+        "            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n",
+    )
+
+
+def test_clips_in_every_branch_of_an_elif_chain_gate_the_whole_chain(acl303):
+    source = """
+    import torch
+
+    for step, batch in enumerate(loader):
+        (model(**batch).loss / args.accum).backward()
+        if args.clip_mode == "norm":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_norm)
+        elif args.clip_mode == "value":
+            torch.nn.utils.clip_grad_value_(model.parameters(), args.max_value)
+        else:
+            model.clip_grad_norm_(args.max_norm)
+        if (step + 1) % args.accum == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+    fixed = acl303.fixed(source)
+    assert fixed == textwrap.dedent(source).replace(
+        '    if args.clip_mode == "norm":\n',
+        '    if (step + 1) % args.accum == 0:\n        if args.clip_mode == "norm":\n',
+    ).replace(
+        "        torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_norm)\n"
+        '    elif args.clip_mode == "value":\n'
+        "        torch.nn.utils.clip_grad_value_(model.parameters(), args.max_value)\n"
+        "    else:\n"
+        "        model.clip_grad_norm_(args.max_norm)\n",
+        "            torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_norm)\n"
+        '        elif args.clip_mode == "value":\n'
+        "            torch.nn.utils.clip_grad_value_(model.parameters(), args.max_value)\n"
+        "        else:\n"
+        "            model.clip_grad_norm_(args.max_norm)\n",
+    )
+
+
+def test_clip_in_one_branch_is_gated_inside_that_branch(acl303, at):
+    """The other branch logs: the clip alone is gated where it stands, `else:` is untouched."""
+    source = """
+    import torch
+
+    for step, batch in enumerate(loader):
+        (model(**batch).loss / args.accum).backward()
+        if args.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        else:
+            logger.debug("gradient clipping disabled")
+        if (step + 1) % args.accum == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+    assert acl303.findings(source) == [("ACL303", *at(source, "torch.nn.utils.clip_grad"))]
+    assert acl303.fixed(source) == textwrap.dedent(source).replace(
+        "        torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)\n",
+        "        if (step + 1) % args.accum == 0:\n"
+        "            torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)\n",
+    )
+
+
+def test_clip_with_an_impure_branch_test_is_gated_per_branch(acl303):
+    """`use_fsdp()` is a call: evaluating it only on step micro-steps could change what it
+    does, so each clip is gated inside its own branch, never across `else:`."""
+    source = """
+    import torch
+
+    for step, batch in enumerate(loader):
+        (model(**batch).loss / accum).backward()
+        if is_fsdp(model):
+            model.clip_grad_norm_(1.0)
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if (step + 1) % accum == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+    assert acl303.fixed(source) == textwrap.dedent(source).replace(
+        "        model.clip_grad_norm_(1.0)\n",
+        "        if (step + 1) % accum == 0:\n            model.clip_grad_norm_(1.0)\n",
+    ).replace(
+        "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n",
+        "        if (step + 1) % accum == 0:\n"
+        "            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n",
+    )
+
+
+def test_clips_in_try_and_except_are_gated_separately(acl303, at):
+    """Same frames, adjacent statements, but `except` lies between: two edits, no nesting."""
+    source = """
+    import torch
+
+    for step, batch in enumerate(loader):
+        (model(**batch).loss / accum).backward()
+        try:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, error_if_nonfinite=True)
+        except RuntimeError:
+            torch.nn.utils.clip_grad_value_(model.parameters(), 1.0)
+        if (step + 1) % accum == 0 or step + 1 == len(loader):
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+    assert acl303.findings(source) == [
+        ("ACL303", *at(source, "torch.nn.utils.clip_grad_norm_")),
+        ("ACL303", *at(source, "torch.nn.utils.clip_grad_value_")),
+    ]
+    gate = "        if (step + 1) % accum == 0 or step + 1 == len(loader):\n    "
+    assert acl303.fixed(source) == textwrap.dedent(source).replace(
+        "        torch.nn.utils.clip_grad_norm_(", f"{gate}        torch.nn.utils.clip_grad_norm_("
+    ).replace(
+        "        torch.nn.utils.clip_grad_value_(",
+        f"{gate}        torch.nn.utils.clip_grad_value_(",
+    )
+
+
+def test_clip_in_a_try_body_does_not_move_out_of_it(acl303, at):
+    """`step += 1` after the clip means it must move into the step branch, but out of the
+    `try:` it would no longer be under the handler: no fix."""
+    source = """
+    import torch
+
+    step = 0
+    for x, y in dl:
+        (crit(model(x), y) / K).backward()
+        try:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, error_if_nonfinite=True)
+            clipped += 1
+        except RuntimeError:
+            skipped += 1
+        step += 1
+        if step % K == 0:
+            opt.step()
+            opt.zero_grad()
+    """
+    assert acl303.findings(source) == [("ACL303", *at(source, "torch.nn.utils.clip"))]
+    assert _fixes(acl303, source) == [None]
+
+
+def test_clip_under_its_own_condition_before_the_counter_increment_has_no_fix(acl303, at):
+    """It cannot move into the step branch (its own `if` stays around it) and a copy of
+    `step % K == 0` above `step += 1` would clip one micro-step early."""
+    source = """
+    import torch
+
+    step = 0
+    for x, y in dl:
+        (crit(model(x), y) / K).backward()
+        if max_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        step += 1
+        if step % K == 0:
+            opt.step()
+            opt.zero_grad()
+    """
+    assert acl303.findings(source) == [("ACL303", *at(source, "torch.nn.utils.clip"))]
+    assert _fixes(acl303, source) == [None]
+
+
+def test_clip_in_a_with_block_is_gated_inside_it(acl303):
+    source = """
+    import torch
+
+    for step, batch in enumerate(loader):
+        (model(**batch).loss / accum).backward()
+        with timer("clip"):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if (step + 1) % accum == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+    assert acl303.fixed(source) == textwrap.dedent(source).replace(
+        "        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n",
+        "        if (step + 1) % accum == 0:\n"
+        "            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n",
+    )
+
+
+def test_clip_sharing_a_line_with_another_statement_has_no_fix(acl303, at):
+    source = """
+    import torch
+
+    for step, batch in enumerate(loader):
+        loss = model(**batch).loss / accum
+        loss.backward(); torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if (step + 1) % accum == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+    assert acl303.findings(source) == [("ACL303", *at(source, "torch.nn.utils.clip"))]
+    assert _fixes(acl303, source) == [None]
+    assert acl303.fixed(source) == textwrap.dedent(source)
+
+
+def test_clip_with_a_trailing_comment_keeps_it(acl303):
+    source = """
+    import torch
+
+    for step, batch in enumerate(loader):
+        (model(**batch).loss / accum).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # avoid exploding gradients
+        if (step + 1) % accum == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+    clip = "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # avoid exploding gradients"
+    # moved into the step branch (ACL307 adds a last-batch clause to it), comment and all
+    assert acl303.fixed(source) == textwrap.dedent(source).replace(f"    {clip}\n", "").replace(
+        "        optimizer.step()\n", f"        {clip}\n        optimizer.step()\n"
+    )
+
+
+def test_clip_at_the_end_of_a_branch_and_one_after_it_are_gated_apart(acl303):
+    """Adjacent statements in different blocks: one `if` over both would take the dedent."""
+    source = """
+    import torch
+
+    for step, batch in enumerate(loader):
+        (model(**batch).loss / accum).backward()
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if (step + 1) % accum == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+    clip = "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)"
+    assert acl303.fixed(source) == textwrap.dedent(source).replace(
+        "        scaler.unscale_(optimizer)\n",
+        "        if (step + 1) % accum == 0:\n            scaler.unscale_(optimizer)\n",
+    ).replace(f"    {clip}\n", "").replace(
+        "        optimizer.step()\n", f"        {clip}\n        optimizer.step()\n"
+    )
+
+
+def test_clip_in_a_nested_training_function(acl303):
+    source = """
+    import torch
+
+    def main(args):
+        def train_epoch(loader):
+            for step, batch in enumerate(loader):
+                (model(**batch).loss / args.accum).backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                if (step + 1) % args.accum == 0:
+                    optimizer.step()
+                    optimizer.zero_grad()
+
+        train_epoch(train_loader)
+    """
+    clip = "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)"
+    assert acl303.fixed(source) == textwrap.dedent(source).replace(
+        f"            {clip}\n", ""
+    ).replace(
+        "                optimizer.step()\n",
+        f"                {clip}\n                optimizer.step()\n",
+    )
+
+
+def test_clip_with_a_multiline_string_argument_is_not_reindented(acl303, at):
+    """Indenting the lines of a triple-quoted string would change the string: no fix."""
+    source = '''
+    import torch
+
+    for step, batch in enumerate(loader):
+        (model(**batch).loss / accum).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=lookup("""
+    fast
+    """))
+        if (step + 1) % accum == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    '''
+    assert acl303.findings(source) == [("ACL303", *at(source, "torch.nn.utils.clip"))]
+    assert _fixes(acl303, source) == [None]
