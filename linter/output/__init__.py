@@ -66,15 +66,17 @@ def column(position) -> int:
 
 def summary(diagnostics: list[Diagnostic], context: Context) -> str:
     """The closing lines of the text formats, worded like ruff's."""
-    from linter.types import failing
+    from linter.output.json_format import rule_severity
 
-    total = len(failing(diagnostics))
-    hints = len(diagnostics) - total
-    if not total and not context.unchecked:
+    levels = [d.severity or rule_severity(d.code) for d in diagnostics]
+    errors, warnings, hints = (levels.count(level) for level in ("error", "warning", "info"))
+    if not errors + warnings and not context.unchecked:
         shown = f" ({_counted(hints, 'hint')} above: hints never fail a run)" if hints else ""
         return "All checks passed!" + shown
+    found = [_counted(errors, "error")] if errors or not warnings else []
+    found += [_counted(warnings, "warning")] if warnings else []
     also = f" (and {_counted(hints, 'hint')})" if hints else ""
-    lines = [f"Found {_counted(total, 'error')}{also}."]
+    lines = [f"Found {' and '.join(found)}{also}."]
     if context.unchecked:
         files = f"{context.unchecked} file{'s' if context.unchecked != 1 else ''}"
         lines.append(f"{files} could not be checked (see the errors above).")

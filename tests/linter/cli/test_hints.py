@@ -153,3 +153,16 @@ def test_explain_says_the_hint_is_off_by_default(code):
 
 def test_the_help_names_the_option():
     assert "--hints / --no-hints" in run("--help").stdout
+
+
+def test_the_summary_counts_errors_warnings_and_hints_apart(project):
+    warning_only = "import torch\n\nscaler = torch.cuda.amp.GradScaler()\n"  # ACL203: a warning
+    path = write(project, warning_only)
+    result = run("--no-cache", "--output-format", "concise", path)
+    assert result.exit_code == 1  # warnings fail a run like errors (ruff's exit code); hints never
+    assert result.stdout.splitlines()[-2] == "Found 1 warning."
+    mixed = write(
+        project, WITH_ERROR.replace('torch.amp.GradScaler("cuda")', "torch.cuda.amp.GradScaler()")
+    )
+    shown = run("--no-cache", "--hints", "--output-format", "concise", mixed)
+    assert "Found 1 error and 1 warning (and 1 hint).\n" in shown.stdout
