@@ -1,12 +1,15 @@
 """The catalogue: one module per code (`rules/acl101_raw_backward.py` ...).
 
 `ALL_RULES` maps a code to its `Rule`. Importing this package never imports libcst or torch; a
-rule's static check lives in `linter/checks/` under the same module name.
+rule's static check lives in `linter/checks/` under the same module name. A record's module is
+imported when its `Rule` is first looked up: a lint run needs the codes only (its selection), not
+the docs of 38 rules.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator, Mapping
 from types import ModuleType
 
 from rules._base import Rule
@@ -58,26 +61,49 @@ MODULE_NAMES = (
 )
 
 
-def _discover() -> dict[str, ModuleType]:
-    modules: dict[str, ModuleType] = {}
-    for name in MODULE_NAMES:
-        module = importlib.import_module(f"{__name__}.{name}")
-        modules[module.RULE.code] = module
-    return modules
+# "ACL101" -> "acl101_raw_backward"; `rule_module` checks that the record agrees.
+_NAMES = {f"ACL{name[3:6]}": name for name in MODULE_NAMES}
+_MODULES: dict[str, ModuleType] = {}
 
 
-_MODULES = _discover()
-ALL_RULES: dict[str, Rule] = {code: m.RULE for code, m in _MODULES.items()}
+class _Catalogue(Mapping):
+    """code -> `Rule`, in catalogue order; each record's module is imported on first look-up."""
+
+    def __getitem__(self, code: str) -> Rule:
+        return rule_module(code).RULE
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_NAMES)
+
+    def __len__(self) -> int:
+        return len(_NAMES)
+
+    def __contains__(self, code: object) -> bool:
+        return code in _NAMES
+
+    def __repr__(self) -> str:
+        return f"ALL_RULES({', '.join(_NAMES)})"
+
+
+ALL_RULES: Mapping[str, Rule] = _Catalogue()
 
 
 def rule_module(code: str) -> ModuleType:
     """The module that holds `code`'s metadata and (if any) its static `check`."""
-    return _MODULES[code]
+    module = _MODULES.get(code)
+    if module is None:
+        if not isinstance(code, str) or code not in _NAMES:
+            raise KeyError(code)
+        module = importlib.import_module(f"{__name__}.{_NAMES[code]}")
+        if module.RULE.code != code:
+            raise ImportError(f"{module.__name__} holds {module.RULE.code}, not {code}")
+        _MODULES[code] = module
+    return module
 
 
 def module_name(code: str) -> str:
     """`acl101_raw_backward` for `ACL101`: the shared name of the record and its check."""
-    return _MODULES[code].__name__.rsplit(".", 1)[1]
+    return _NAMES[code]
 
 
 def get_rule(code: str) -> Rule:
