@@ -3,9 +3,10 @@
 Read off the loss's bindings in its function (and in the module's helper functions it calls).
 A token mean is `F.cross_entropy` / `nn.CrossEntropyLoss()` (or `nll_loss`) with the default
 reduction on flattened logits or with `ignore_index`, or `.loss` of a causal-LM, seq2seq,
-masked-LM or token-classification model called with labels. A sum (`reduction="sum"`, or
-`"none"` then `.sum()`), a mean re-weighted by its token count, a model handed
-`num_items_in_batch=` and a sequence-level loss (classification logits, not flattened) are not.
+masked-LM or token-classification model called with labels. A sum (`reduction="sum"` on the
+loss, `loss_reduction="sum"` on the model, or `"none"` then `.sum()`), a mean re-weighted by its
+token count, a model handed `num_items_in_batch=` and a sequence-level loss (classification
+logits, not flattened) are not; a sum divided by its own micro-batch's token count is a mean.
 
 Which logged values are a loss divided by K or scaled (ACL504) is `logged_losses.py`.
 """
@@ -59,6 +60,10 @@ class TokenMean:
     what: str  # how the finding names it
     stmt: Stmt
     ignore_index: bool = False  # the loss itself skips some targets: counts vary by batch
+    # "sum": a token sum (`reduction="sum"`), no finding by itself; divided by this
+    # micro-batch's own token count it is a mean again. `call` is the loss or model call.
+    kind: str = "mean"
+    call: cst.Call | None = None
 
 
 def token_means(model: Model, site: Site) -> list[TokenMean]:
@@ -70,6 +75,7 @@ def token_means(model: Model, site: Site) -> list[TokenMean]:
     if loss is None:
         return []
     found = _TokenMeans(model).of(loss, site.stmt.scope, site.stmt.order, site.stmt, 0)
+    found = [t for t in found if t.kind == "mean"]
     if not model.memo("labels_may_be_masked", _labels_may_be_masked):
         found = [t for t in found if t.ignore_index]
     return found
@@ -156,11 +162,23 @@ class _TokenMeans:
         if isinstance(node.operator, cst.Multiply):
             if any(_COUNT.search(code(side)) for side in (node.left, node.right)):
                 return []  # `mean * n_tokens / window_tokens`: re-weighted into a sum
+            # factors are parts of this expression, not hops: `loss * K * W / n` costs no depth
             sides = (node.left, node.right)
-            return [t for s in sides for t in self.of(s, scope, order, stmt, depth + 1)]
+            return [t for s in sides for t in self.of(s, scope, order, stmt, depth)]
         if isinstance(node.operator, (cst.Divide, cst.FloorDivide)):
-            return self.of(node.left, scope, order, stmt, depth + 1)  # `/ K` keeps a mean
+            found = self.of(node.left, scope, order, stmt, depth)  # `/ K` keeps a mean
+            return self._divided(found, node, node.right, scope, order, stmt)
         return []
+
+    def _divided(self, found, node, divisor, scope, order, stmt) -> list[TokenMean]:
+        """A token sum divided by the valid-token count of its own micro-batch is that
+        micro-batch's mean again; divided by the window's count (or by K) it stays a sum."""
+        sums = [t for t in found if t.kind == "sum"]
+        if not sums or not _own_token_count(self.model, divisor, scope, order, sums):
+            return found
+        what = f"`{code(node)}` (a token sum divided by its own micro-batch's token count)"
+        mean = TokenMean(node, what, stmt, any(t.ignore_index for t in sums))
+        return [t for t in found if t.kind != "sum"] + [mean]
 
     def _name(self, text: str, scope: Scope, order: int, depth: int) -> list[TokenMean]:
         defs = scope.defs_before(text, order)
@@ -175,7 +193,10 @@ class _TokenMeans:
         if d.op in ("/=", "*="):
             if d.op == "*=" and _COUNT.search(code(d.value)):
                 return []
-            return self._name(text, scope, d.stmt.order, depth + 1)
+            found = self._name(text, scope, d.stmt.order, depth + 1)
+            if d.op == "/=" and d.value is not None:
+                return self._divided(found, d.stmt.node, d.value, scope, d.stmt.order, d.stmt)
+            return found
         if d.op == "=" and d.tuple_index is not None and isinstance(d.value, cst.Call):
             callee = self.model.local_function(d.value.func, d.stmt.scope)
             if callee is not None:
@@ -194,8 +215,9 @@ class _TokenMeans:
         return found
 
     def _call(self, node: cst.Call, scope, order, stmt, depth) -> list[TokenMean]:
-        if _has_keyword(node, "num_items_in_batch"):
-            return []  # normalised by the window's item count
+        callee = self.model.local_function(node.func, scope)
+        if _has_keyword(node, "num_items_in_batch") and callee is None:
+            return []  # a model normalised by the window's item count
         qual = self.model.imports.qualify(node.func) or ""
         if qual in _TOKEN_LOSS_FUNCTIONS:
             return self._loss_function(node, qual, stmt)
@@ -205,12 +227,13 @@ class _TokenMeans:
         pair = method_call(node)
         if pair is not None and pair[1] in _PASS_METHODS:
             return self.of(pair[0], scope, order, stmt, depth + 1)
-        callee = self.model.local_function(node.func, scope)
-        if callee is not None:
+        if callee is not None:  # a helper handed `num_items_in_batch=` must use it: read it
             return self._returns(callee, depth, None)
         return []
 
     def _loss_function(self, node: cst.Call, qual: str, stmt: Stmt) -> list[TokenMean]:
+        if _sum_reduction(node):
+            return self._token_sum(node, node, stmt)
         if not _mean_reduction(keyword(node, "reduction")):
             return []
         if self._packed_next_tokens(node, keyword(node, "ignore_index"), stmt):
@@ -222,6 +245,8 @@ class _TokenMeans:
         return []
 
     def _loss_object(self, node: cst.Call, built: cst.Call, stmt: Stmt) -> list[TokenMean]:
+        if _sum_reduction(built):
+            return self._token_sum(node, built, stmt)
         if not _mean_reduction(keyword(built, "reduction")):
             return []
         if self._packed_next_tokens(node, keyword(built, "ignore_index"), stmt):
@@ -231,6 +256,13 @@ class _TokenMeans:
             name = last_part(dotted(built.func))
             what = f"`{code(node.func)}` (a `{name}` with the mean)"
             return [TokenMean(node, what, stmt, ignoring)]
+        return []
+
+    def _token_sum(self, node: cst.Call, built: cst.Call, stmt: Stmt) -> list[TokenMean]:
+        """A token-level loss summed over the micro-batch (`reduction="sum"`)."""
+        ignoring = _has_keyword(built, "ignore_index")
+        if ignoring or self._flattened_inputs(node, stmt):
+            return [TokenMean(node, "a token sum", stmt, ignoring, "sum", node)]
         return []
 
     def _packed_next_tokens(self, call: cst.Call, ignore, stmt: Stmt) -> bool:
@@ -285,6 +317,8 @@ class _TokenMeans:
         head = self._model_class(call.func, scope, order, 0)
         if head is None:
             return []
+        if _sum_reduction(call):  # `model(**batch, loss_reduction="sum")`: a token sum
+            return [TokenMean(node, "a token sum", stmt, kind="sum", call=call)]
         return [TokenMean(node, f"`.loss` of a model built as `{head}`", stmt)]
 
     def _model_call(self, holder, scope, order, depth) -> cst.Call | None:
@@ -508,6 +542,82 @@ def _has_keyword(call: cst.Call, name: str) -> bool:
 def _mean_reduction(value: cst.BaseExpression | None) -> bool:
     """The default reduction, or `reduction="mean"` written out."""
     return value is None or string_value(value) == "mean"
+
+
+_SUM_KEYWORDS = {"reduction", "loss_reduction", "reduce"}
+
+
+def _sum_reduction(call: cst.Call) -> bool:
+    """A sum asked of the loss or model call: `reduction="sum"`, `loss_reduction="sum"`,
+    `reduce="sum"`, or `"sum"` for another keyword named after a reduction."""
+    for arg in call.args:
+        name = arg.keyword.value if arg.keyword is not None else None
+        if name is not None and (name in _SUM_KEYWORDS or name.endswith("reduction")):
+            if string_value(arg.value) == "sum":
+                return True
+    return False
+
+
+# Counts of one tensor's valid entries: `(labels != -100).sum()`, `mask.sum().item()`.
+_COUNT_METHODS = {"sum", "numel", "count_nonzero"}
+_COUNT_WRAPPERS = {"item", "float", "double", "int", "long", "to", "clamp", "clamp_min", "detach"}
+# Spellings of a count taken over several micro-batches or ranks: not one micro-batch's own.
+_WINDOW_COUNT = re.compile(r"gather|reduce|(?<![.\w])(sum|len)\(|\bfor\b", re.I)
+
+
+def _own_token_count(model: Model, divisor, scope: Scope, order: int, sums) -> bool:
+    """Whether a divisor is the valid-token count of the micro-batch the token sums were
+    computed on: a count of a tensor (`(labels != -100).sum()`, `attention_mask.sum()`),
+    bound in the same function, not summed over a list of batches or gathered across ranks,
+    and reading a name that the loss call reads too (the same micro-batch). The window's
+    count (`num_items_in_batch` handed in, `sum(... for b in window)`, `gather(...)`) is not."""
+    expr = strip_parens(divisor)
+    for _ in range(_MAX_DEPTH):
+        text = dotted(expr)
+        if text is None:
+            break
+        defs = scope.defs_before(text, order)
+        if len(defs) != 1 or defs[0].op != "=" or defs[0].tuple_index is not None:
+            return False  # a parameter, a running total, or several bindings: not this batch's
+        if _collected(scope, text):
+            return False
+        expr, order = strip_parens(defs[0].value), defs[0].stmt.order
+    if not _count_call(expr) or _WINDOW_COUNT.search(code(expr)):
+        return False
+    read = _roots(expr) - {"torch"}
+    return any(read & {r for a in t.call.args for r in _roots(a)} for t in sums if t.call)
+
+
+def _count_call(node) -> bool:
+    """`x.sum()`, `x.numel()`, `torch.count_nonzero(x)`, possibly wrapped in `.item()`,
+    `.clamp(min=1)` or `max(..., 1)`."""
+    node = strip_parens(node)
+    if not isinstance(node, cst.Call):
+        return False
+    if last_part(dotted(node.func)) == "max" and positional(node):
+        return _count_call(positional(node)[0])
+    pair = method_call(node)
+    if pair is not None and pair[1] in _COUNT_WRAPPERS:
+        return _count_call(pair[0])
+    if pair is not None and pair[1] in _COUNT_METHODS and not node.args:
+        return True
+    qual = dotted(node.func) or ""
+    return qual in ("torch.sum", "torch.count_nonzero") and bool(node.args)
+
+
+def _collected(scope: Scope, name: str) -> bool:
+    """`dist.all_reduce(n_tokens)`: the count is combined across ranks in place."""
+    for call in scope.calls:
+        if _WINDOW_COUNT.search(last_part(dotted(call.call.func))):
+            if any(dotted(a.value) == name for a in call.call.args):
+                return True
+    return False
+
+
+def _roots(node) -> set[str]:
+    """The names an expression reads (`batch` in `batch["labels"].ne(-100)`), not attributes."""
+    attrs = {id(n.attr) for n in walk(node) if isinstance(n, cst.Attribute)}
+    return {n.value for n in walk(node) if isinstance(n, cst.Name) and id(n) not in attrs}
 
 
 def _flattening(node) -> bool:

@@ -377,3 +377,176 @@ def test_shifted_targets_masked_into_a_new_tensor_still_vary(acl308, at):
         "        y = y.masked_fill(y == tokenizer.pad_token_id, -1)\n",
     )
     assert acl308.findings(source) == [("ACL308", *at(source, "F.cross_entropy"))]
+
+
+# A sum reduction divided by the window's token count: the catalogue's Right.
+PARLER_STYLE = """
+import contextlib
+
+from accelerate import Accelerator
+from parler_tts import ParlerTTSForConditionalGeneration
+
+accelerator = Accelerator()
+gradient_accumulation_steps = 4
+model = ParlerTTSForConditionalGeneration.from_pretrained("parler-tts/parler-tts-mini-v1")
+model, optimizer, train_dataloader = accelerator.prepare(model, optimizer, train_dataloader)
+
+
+def train_step(batch, num_items_in_batch):
+    outputs = model(**batch, loss_reduction="sum")
+    ce_loss = (
+        outputs.loss * gradient_accumulation_steps * accelerator.num_processes
+    ) / num_items_in_batch
+    return ce_loss
+
+
+train_iterator = iter(train_dataloader)
+for update_step in range(total_steps):
+    batch_samples = [next(train_iterator) for _ in range(gradient_accumulation_steps)]
+    num_items_in_batch = sum((b["labels"] != -100).sum() for b in batch_samples)
+    num_items_in_batch = accelerator.gather(num_items_in_batch).sum().item()
+    for i, batch in enumerate(batch_samples):
+        ctx = model.no_sync if i < len(batch_samples) - 1 else contextlib.nullcontext
+        with ctx():
+            loss = train_step(batch, num_items_in_batch)
+            accelerator.backward(loss)
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+def test_model_sum_divided_by_the_gathered_window_count(acl308):
+    assert acl308.findings(PARLER_STYLE) == []
+
+
+def test_model_mean_averaged_over_the_window_still_fires(acl308, at):
+    source = PARLER_STYLE.replace(', loss_reduction="sum"', "").replace(
+        ") / num_items_in_batch", ") / gradient_accumulation_steps"
+    )
+    assert acl308.findings(source) == [("ACL308", *at(source, "outputs.loss"))]
+
+
+def test_model_sum_divided_by_its_own_micro_batch_count_fires(acl308, at):
+    source = PARLER_STYLE.replace(") / num_items_in_batch", ') / (batch["labels"] != -100).sum()')
+    line, column = at(source, "ce_loss = (")
+    assert acl308.findings(source) == [("ACL308", line, column + len("ce_loss = "))]
+
+
+TRAINER_STYLE = """
+import torch.nn.functional as F
+from accelerate import Accelerator
+from transformers import AutoModelForCausalLM
+
+accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps)
+model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path)
+model, optimizer, train_dataloader = accelerator.prepare(model, optimizer, train_dataloader)
+
+
+def compute_loss(model, inputs, num_items_in_batch=None):
+    labels = inputs.pop("labels")
+    logits = model(**inputs).logits
+    shift_logits = logits[..., :-1, :].contiguous().view(-1, logits.size(-1))
+    shift_labels = labels[..., 1:].contiguous().view(-1)
+    loss = F.cross_entropy(shift_logits, shift_labels, ignore_index=-100, reduction="sum")
+    return loss / num_items_in_batch
+
+
+def get_batch_samples(epoch_iterator, num_batches):
+    batch_samples = [next(epoch_iterator) for _ in range(num_batches)]
+    num_items_in_batch = sum((batch["labels"].ne(-100)).sum() for batch in batch_samples)
+    return batch_samples, accelerator.gather(num_items_in_batch).sum().item()
+
+
+epoch_iterator = iter(train_dataloader)
+for step in range(max_steps):
+    batch_samples, num_items_in_batch = get_batch_samples(
+        epoch_iterator, args.gradient_accumulation_steps
+    )
+    for inputs in batch_samples:
+        with accelerator.accumulate(model):
+            loss = compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+            loss = loss * args.gradient_accumulation_steps * accelerator.num_processes
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+
+def test_trainer_style_compute_loss_given_num_items_in_batch(acl308):
+    assert acl308.findings(TRAINER_STYLE) == []
+
+
+def test_trainer_style_compute_loss_with_the_default_mean_fires(acl308, at):
+    source = TRAINER_STYLE.replace(', reduction="sum"', "").replace(
+        "return loss / num_items_in_batch", "return loss"
+    )
+    assert acl308.findings(source) == [("ACL308", *at(source, "F.cross_entropy"))]
+
+
+def test_trainer_style_sum_divided_by_the_micro_batch_count_fires(acl308, at):
+    source = TRAINER_STYLE.replace(
+        "    return loss / num_items_in_batch\n",
+        "    n_tokens = (shift_labels != -100).sum()\n    loss /= n_tokens\n    return loss\n",
+    )
+    assert acl308.findings(source) == [("ACL308", *at(source, "loss /= n_tokens"))]
+
+
+def test_catalogue_right_sum_over_the_gathered_window(acl308):
+    source = """
+    import torch.nn.functional as F
+    from accelerate import Accelerator
+
+    N = 4
+    accelerator = Accelerator(gradient_accumulation_steps=N)
+    model, opt, dl = accelerator.prepare(model, opt, dl)
+    batches = iter(dl)
+    for step in range(num_steps):
+        window = [next(batches) for _ in range(N)]
+        n_tok = accelerator.gather(sum((b["labels"] != -100).sum() for b in window)).sum()
+        for b in window:
+            with accelerator.accumulate(model):
+                logits = model(b["input_ids"]).logits
+                s = F.cross_entropy(logits.flatten(0, 1), b["labels"].flatten(), reduction="sum")
+                accelerator.backward(s * N * accelerator.num_processes / n_tok)
+                opt.step()
+                opt.zero_grad()
+    """
+    assert acl308.findings(source) == []
+
+
+def test_reduce_sum_over_tokens_all_reduced_across_ranks(acl308):
+    source = """
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    criterion = nn.CrossEntropyLoss(ignore_index=-100, reduction="sum")
+    for step, window in enumerate(windows):
+        num_items = sum(int(mb["attention_mask"].sum()) for mb in window)
+        num_items = torch.tensor(num_items, device=device)
+        dist.all_reduce(num_items)
+        for micro_step, mb in enumerate(window):
+            logits = model(mb["input_ids"], attention_mask=mb["attention_mask"])
+            loss = criterion(logits.view(-1, logits.size(-1)), mb["labels"].view(-1))
+            (loss * world_size / num_items).backward()
+            if (micro_step + 1) % args.grad_accum_steps == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+    assert acl308.findings(source) == []
+
+
+def test_loss_object_sum_divided_by_its_own_mask_count_fires(acl308, at):
+    source = """
+    import torch.nn as nn
+
+    criterion = nn.CrossEntropyLoss(ignore_index=-100, reduction="sum")
+    for micro_step, mb in enumerate(train_loader):
+        logits = model(mb["input_ids"], attention_mask=mb["attention_mask"])
+        loss = criterion(logits.view(-1, logits.size(-1)), mb["labels"].view(-1))
+        loss = loss / mb["attention_mask"].sum().clamp(min=1)
+        (loss / args.grad_accum_steps).backward()
+        if (micro_step + 1) % args.grad_accum_steps == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+    assert acl308.findings(source) == [("ACL308", *at(source, "loss / mb["))]
