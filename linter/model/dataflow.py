@@ -63,6 +63,9 @@ class Flow:
     per_sample: list[cst.BaseExpression] = field(default_factory=list)
 
 
+_PARSE_CALLS = ("parse_args", "parse_known_args", "parse_args_into_dataclasses")
+
+
 def _combine(*states: str) -> str:
     if DIVIDED in states:
         return DIVIDED
@@ -342,7 +345,11 @@ class Tracer:
         return _combine(*states)
 
     def _opaque(self, node: cst.Call, scope: Scope, order: int, depth: int) -> str:
-        """An imported function or an unknown object's method: it cannot be seen into."""
+        """An imported function or an unknown object's method: it cannot be seen into. A parsed
+        command line (`args = parser.parse_args()`) holds settings, not a loss: `args.weight *
+        loss` is as divided as `loss`, and the parser is not where the loss comes from."""
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value in _PARSE_CALLS:
+            return UNKNOWN
         self._args(node, scope, order, depth)
         if any(_may_hold_k(a.value) for a in node.args):
             return UNKNOWN  # handed K (`compute_loss(batch, args.accum)`): it may divide

@@ -1239,3 +1239,35 @@ def test_calls_that_do_not_scale_gradients_before_the_step_hide_nothing(acl301, 
         f"        optimizer.step()\n        {after}\n" if after else "        optimizer.step()\n",
     )
     assert acl301.findings(source) == [("ACL301", *at(source, "current_loss.backward()"))]
+
+
+def test_loss_weighted_by_a_command_line_setting_names_no_parser_and_is_fixed(acl301, at):
+    # `args.path_regularize` is a setting: the loss comes from `path_penalty`, not the parser
+    source = """
+    import argparse
+
+    import torch.nn.functional as F
+
+    def path_penalty(fake_img, latents):
+        return F.mse_loss(fake_img, latents)
+
+    def train(args, loader, generator, g_optim):
+        for i, noise in enumerate(loader):
+            fake_img, latents = generator(noise, return_latents=True)
+            weighted_path_loss = args.path_regularize * path_penalty(fake_img, latents)
+            weighted_path_loss.backward()
+            if (i + 1) % args.accum == 0 or i + 1 == len(loader):
+                g_optim.step()
+                g_optim.zero_grad()
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--path_regularize", type=float, default=2.0)
+    args = parser.parse_args()
+    train(args, loader, generator, g_optim)
+    """
+    (diagnostic,) = acl301.diagnostics(source)
+    assert (diagnostic.start.line, diagnostic.start.column) == at(
+        source, "weighted_path_loss.backward()"
+    )
+    assert "parse_args" not in diagnostic.message
+    assert "weighted_path_loss = weighted_path_loss / args.accum\n" in acl301.fixed(source)
