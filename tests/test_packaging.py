@@ -58,8 +58,8 @@ def _run(args, cwd, env=None, check=True) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def dists(tmp_path_factory) -> dict[str, Path]:
-    """The wheel and the sdist, built from a copy of the tracked files (tracked and not ignored; the checkout is left
-    as it is: setuptools writes build/ and egg-info next to the sources)."""
+    """The wheel and the sdist, built from a copy of the files git tracks or would (the
+    checkout is left as it is: setuptools writes build/ and egg-info next to the sources)."""
     pytest.importorskip("build")
     source = tmp_path_factory.mktemp("source")
     listed = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
