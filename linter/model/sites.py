@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from linter.model.cst_util import code, dotted, last_part, method_call, positional
+from linter.model.cst_util import code, dotted, keyword, last_part, method_call, positional
 from linter.model.functions import Scope
 from linter.model.loops import Region, Site
 from linter.model.roles import Roles
@@ -98,11 +98,15 @@ class SiteFinder:
         """`engine.backward(loss)`: a known engine, or any receiver handed a loss.
 
         `Tensor.backward` takes a gradient positionally (`out.backward(torch.ones_like(out))`);
-        a positional loss (`fabric.backward(loss)`, a DeepSpeed `model.backward(loss)`) means
-        an engine's backward, whose scaling and division the linter cannot see.
+        a positional loss (`fabric.backward(loss)`, a DeepSpeed `model.backward(loss)`), or a
+        `loss=` keyword, which `Tensor.backward` does not have (ColossalAI's
+        `booster.backward(loss=..., optimizer=...)`), means an engine's backward, whose scaling
+        and division the linter cannot see.
         """
         if not c.call.args:
             return False
+        if keyword(c.call, "loss") is not None:
+            return True
         if self.roles.engine_for(c.receiver, scope) is not None:
             return True
         args = positional(c.call)

@@ -1271,3 +1271,26 @@ def test_loss_weighted_by_a_command_line_setting_names_no_parser_and_is_fixed(ac
     )
     assert "parse_args" not in diagnostic.message
     assert "weighted_path_loss = weighted_path_loss / args.accum\n" in acl301.fixed(source)
+
+
+def test_an_engine_backward_given_the_loss_by_keyword_is_the_engines(acl301):
+    """ColossalAI's `booster.backward(loss=..., optimizer=...)`: `Tensor.backward` has no
+    `loss` parameter, so the receiver is an engine, not the loss (it was reported as
+    "`booster` is backpropagated undivided" beside a loss divided by K)."""
+    source = """
+    from colossalai.booster import Booster
+
+    booster = Booster(plugin=plugin)
+    model, optimizer, _, dataloader, _ = booster.boost(model, optimizer, dataloader=dataloader)
+    for step, x in enumerate(dataloader):
+        loss = model(x.cuda()).pow(2).mean()
+        booster.backward(loss=loss / accumulation_steps, optimizer=optimizer)
+        if (step + 1) % accumulation_steps == 0 or step + 1 == len(dataloader):
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+    assert acl301.findings(source) == []
+    raw = source.replace(
+        "booster.backward(loss=loss / accumulation_steps, optimizer=optimizer)", "loss.backward()"
+    )
+    assert [code for code, *_ in acl301.findings(raw)] == ["ACL301"]
