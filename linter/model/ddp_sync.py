@@ -54,14 +54,17 @@ class NoSync:
     target: str | None  # the model it is for
     frames: tuple = ()  # the frames of the block's statements (the `with` included)
     bound: Def | None = None  # `ctx = <context>` when the `with` enters a name (`with ctx:`)
+    # Another engine's switch handed the model (ColossalAI's `booster.no_sync(model, opt)`):
+    # not DDP's module method nor Accelerate's wrapper of it (see `strategy_decides`).
+    foreign_engine: bool = False
 
     @property
     def strategy_decides(self) -> bool:
-        """Fabric's `no_backward_sync`: the strategy picks the switch (DDP's `no_sync`, read in
-        the forward; FSDP's, read in the backward), so a block around the backward only may
-        be right."""
+        """Fabric's `no_backward_sync` or another engine's own switch: the strategy picks what
+        it turns off (DDP's `no_sync`, read in the forward; FSDP's or a ZeRO optimizer's, read
+        in the backward), so a block around the backward only may be right."""
         pair = method_call(self.call)
-        return pair is not None and pair[1] == "no_backward_sync"
+        return self.foreign_engine or (pair is not None and pair[1] == "no_backward_sync")
 
     @property
     def where(self) -> cst.CSTNode:
@@ -90,8 +93,20 @@ def no_sync_regions(model: Model, scope: Scope) -> list[NoSync]:
                     conditional = conditional or maybe
                     if enters:
                         region = NoSync(with_node, item, node, conditional, target, frames, bound)
+                        region.foreign_engine = _foreign_engine_switch(model, node, scope)
                         found.append(region)
     return found
+
+
+def _foreign_engine_switch(model: Model, call: cst.Call, scope: Scope) -> bool:
+    """`x.no_sync(model, ...)` on a receiver that is not an Accelerator or guard engine (whose
+    `no_sync(model)` is DDP's): an engine of its own, whose switch the linter cannot read."""
+    pair = method_call(call)
+    if pair is None or pair[1] != "no_sync" or not call.args:
+        return False
+    receiver = dotted(pair[0])
+    engine = model.roles.engine_for(receiver, scope)
+    return receiver is not None and engine is None
 
 
 def _entered(model: Model, expr, scope: Scope, frames: tuple) -> list[tuple]:

@@ -1157,3 +1157,43 @@ def test_generator_accumulated_into_its_lazy_step_is_flagged(acl401, at):
     assert acl401.findings(source) == [
         ("ACL401", *at(source, "generator(mixing_noise(args.batch, args.latent"))
     ]
+
+
+def test_another_engines_own_switch_around_the_backward_is_not_too_late(acl401, at):
+    """ColossalAI's `booster.no_sync(model, optimizer)` under a ZeRO plugin is the optimizer's
+    switch, read in the backward hooks: a block around the backward only may be right. The
+    same block with DDP's own `model.no_sync()` still changes nothing."""
+    source = """
+    from contextlib import nullcontext
+
+    from colossalai.booster import Booster
+
+    booster = Booster(plugin=plugin)
+    model, optimizer, _, dataloader, _ = booster.boost(model, optimizer, dataloader=dataloader)
+    for step, x in enumerate(dataloader):
+        loss = model(x.cuda()).pow(2).mean()
+        last = (step + 1) % accumulation_steps == 0
+        ctx = nullcontext() if last else booster.no_sync(model, optimizer)
+        with ctx:
+            booster.backward(loss=loss / accumulation_steps, optimizer=optimizer)
+        if last:
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+    assert acl401.findings(source) == []
+    ddp = """
+    import torch
+    from contextlib import nullcontext
+
+    model = torch.nn.parallel.DistributedDataParallel(net)
+    for step, x in enumerate(dataloader):
+        loss = model(x.cuda()).pow(2).mean()
+        last = (step + 1) % accumulation_steps == 0
+        ctx = nullcontext() if last else model.no_sync()
+        with ctx:
+            (loss / accumulation_steps).backward()
+        if last:
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+    assert acl401.findings(ddp) == [("ACL401", *at(ddp, "ctx:"))]
