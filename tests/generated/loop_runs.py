@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import io
 import os
 import shutil
@@ -102,14 +103,23 @@ def _one_rank() -> dict[str, str]:
 
 @contextlib.contextmanager
 def _process_group_ended():
-    """A program that failed before `destroy_process_group` leaves none to the next one."""
+    """A program that failed before `destroy_process_group` leaves none to the next one.
+
+    The program's own `destroy_process_group()` is deferred until its DDP models are gone:
+    destroying a gloo group while a DDP reducer still holds it leaves the reducer to destroy
+    it later, and that destructor joins gloo's threads while holding the GIL, which hung a
+    test worker for good (seen twice on the 2-core machine)."""
+    import torch.distributed as dist
+
+    destroy = dist.destroy_process_group
+    dist.destroy_process_group = lambda *args, **kwargs: None
     try:
         yield
     finally:
-        import torch.distributed as dist
-
+        dist.destroy_process_group = destroy
+        gc.collect()  # the program's models and their reducers, while the group still exists
         if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+            destroy()
 
 
 @contextlib.contextmanager
