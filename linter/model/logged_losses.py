@@ -240,10 +240,35 @@ def _logged_reads(model, window, name, binding, after, kind, k, ks) -> list[Logg
         if not hint and _sums_a_window(stmt):
             continue
         for node in _reads(model, stmt, name, items_only=kind == EVERY_MICRO_STEP):
-            if not _multiplied_back(stmt, node, name, ks):
-                found.append(LoggedLoss(node, name, kind, binding, k))
-                break
+            if _multiplied_back(stmt, node, name, ks):
+                continue
+            if not hint and _derived_multiplied_back(window.scope, stmt, ks):
+                continue
+            found.append(LoggedLoss(node, name, kind, binding, k))
+            break
     return found
+
+
+def _derived_multiplied_back(scope, stmt: Stmt, ks) -> bool:
+    """`batch_loss = loss.item()` and then `batch_loss *= K` (or `batch_loss = batch_loss * K`)
+    before it is used: the value kept is the loss again (nanoVLM)."""
+    node = stmt.node
+    if not isinstance(node, cst.Assign) or len(node.targets) != 1:
+        return False
+    derived = dotted(node.targets[0].target)
+    if derived is None:
+        return False
+    for later in scope.defs.get(derived, ()):
+        if later.stmt.order <= stmt.order:
+            continue
+        value = later.value
+        if value is None:
+            continue
+        if later.op == "*=" and _is_k(value, ks):
+            return True
+        if later.op == "=" and _multiplied_back(later.stmt, value, derived, ks):
+            return True
+    return False
 
 
 def _reading_statements(window: _Window, name: str, after: Stmt):

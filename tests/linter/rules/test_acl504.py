@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 MANUAL = """
 for i, (x, y) in enumerate(dl):
     loss = crit(model(x), y) / N
@@ -380,3 +382,28 @@ def test_hint_for_an_item_read_before_the_backward_of_the_same_micro_step(acl504
     (finding,) = acl504.diagnostics(source)
     assert (finding.start.line, finding.start.column) == at(source, "loss.item()")
     assert finding.severity == "info"
+
+
+@pytest.mark.parametrize(
+    "back", ["batch_loss = batch_loss * accum", "batch_loss *= accum"], ids=["assign", "augmented"]
+)
+def test_a_value_taken_from_the_divided_loss_and_multiplied_back_is_the_loss(acl504, at, back):
+    """nanoVLM: `batch_loss = loss.item()`, then `batch_loss *= K` before it is summed: the
+    kept value is the loss again. Without the multiplication the read is still reported."""
+    source = f"""
+    for i, x in enumerate(dataloader):
+        loss = model(x).mean()
+        if accum > 1:
+            loss = loss / accum
+        loss.backward()
+        if (i + 1) % accum == 0 or i + 1 == len(dataloader):
+            optimizer.step()
+            optimizer.zero_grad()
+        batch_loss = loss.item()
+        if accum > 1:
+            {back}
+        total_train_loss += batch_loss
+    """
+    assert acl504.findings(source) == []
+    kept = source.replace(f"            {back}\n", "            pass\n")
+    assert [c for c, *_ in acl504.findings(kept)] == ["ACL504"]
