@@ -10,6 +10,7 @@ resolved, a name with no visible value, or an opaque call (or factor) handed the
 from __future__ import annotations
 
 import re
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,7 @@ import libcst as cst
 
 from linter.model.cst_util import code, dotted, int_value, method_call, positional
 from linter.model.functions import Def, Scope, Stmt
+from linter.model.loops import same_path
 from linter.model.window_sums import is_batch_size
 
 if TYPE_CHECKING:
@@ -162,7 +164,7 @@ class Tracer:
         head = text.split(".", 1)[0]
         if head in self._bound:
             return self._bound[head]
-        defs = scope.defs_before(text, order)
+        defs = _reaching(scope.defs_before(text, order), scope, order)
         if defs:
             return self._def(defs[-1], scope, depth)
         scaled = self.model.scale_loss_source(text, scope)
@@ -451,6 +453,28 @@ def _target_names(target: cst.BaseExpression) -> list[str]:
 def _may_hold_k(node: cst.CSTNode) -> bool:
     """Whether an expression's text names something that may be K or 1/K."""
     return bool(_MAY_HOLD_K.search(code(node)))
+
+
+def _reaching(defs: list[Def], scope: Scope, order: int) -> list[Def]:
+    """The assignments that can reach the statement at `order`: one in the other branch of an
+    `if` it sits in (`elif engine: loss = engine.backward(loss)` beside `else:
+    loss.backward()`) never holds its value there. All of them when none can be told apart."""
+    if len(defs) < 2:
+        return defs
+    reader = _statement_at(scope, order)
+    if reader is None:
+        return defs
+    return [d for d in defs if same_path(d.stmt, reader)] or defs
+
+
+_BY_ORDER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _statement_at(scope: Scope, order: int) -> Stmt | None:
+    by_order = _BY_ORDER.get(scope)
+    if by_order is None:
+        by_order = _BY_ORDER[scope] = {s.order: s for s in scope.stmts}
+    return by_order.get(order)
 
 
 def trace_loss(model: Model, scope: Scope, expr: cst.BaseExpression, stmt: Stmt) -> Flow:

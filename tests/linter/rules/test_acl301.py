@@ -1294,3 +1294,43 @@ def test_an_engine_backward_given_the_loss_by_keyword_is_the_engines(acl301):
         "booster.backward(loss=loss / accumulation_steps, optimizer=optimizer)", "loss.backward()"
     )
     assert [code for code, *_ in acl301.findings(raw)] == ["ACL301"]
+
+
+def test_an_assignment_in_a_sibling_branch_never_reaches_the_backward(acl301, at):
+    """ChatGLM's trainer: `elif engine: loss = engine.backward(loss)` cannot hold its value in
+    the `else:` branch, whose loss was divided on the way there (it was named the origin)."""
+    source = """
+    def training_step(model, batch, args, engine=None, scaler=None):
+        loss = model(**batch).loss
+        if args.gradient_accumulation_steps > 1 and engine is None:
+            loss = loss / args.gradient_accumulation_steps
+        if scaler is not None:
+            scaler.scale(loss).backward()
+        elif engine is not None:
+            loss = engine.backward(loss)
+        else:
+            loss.backward()
+        return loss.detach()
+
+
+    def train(model, optimizer, dataloader, args):
+        for step, batch in enumerate(dataloader):
+            training_step(model, batch, args)
+            if (step + 1) % args.gradient_accumulation_steps == 0 or step + 1 == len(dataloader):
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+    assert acl301.findings(source) == []
+    undivided = source.replace(
+        "        if args.gradient_accumulation_steps > 1 and engine is None:\n"
+        "            loss = loss / args.gradient_accumulation_steps\n",
+        "",
+    )
+    found = acl301.diagnostics(undivided)
+    # Both raw backward paths fire (the scaler's and the plain one), and neither names the
+    # engine's branch as where the loss comes from.
+    assert [(d.code, d.start.line, d.start.column) for d in found] == [
+        ("ACL301", 5, 8),
+        ("ACL301", 9, 8),
+    ]
+    assert all("engine.backward" not in d.message for d in found)
