@@ -381,11 +381,13 @@ class _TokenMeans:
 
 
 class _NextTokens:
-    """Follows a loss target back to a slice of a token stream shifted by one from another
-    slice of the same stream."""
+    """Follows a loss target back to raw ids: a slice of a token stream shifted by one from
+    another slice of the same stream, or ids drawn from a distribution."""
 
     _WRAPPERS = {"view", "reshape", "flatten", "contiguous", "long", "to", "cuda", "astype", "int"}
     _TENSOR = {"stack", "from_numpy", "tensor", "as_tensor", "cat", "LongTensor"}
+    # Targets sampled from a distribution (Sophia's Hessian estimate: Categorical(logits).sample())
+    _DRAWN = {"sample", "multinomial", "argmax"}
 
     def __init__(self, model: Model) -> None:
         self.model = model
@@ -402,6 +404,10 @@ class _NextTokens:
             pair = method_call(node)
             if pair is not None and pair[1] in self._WRAPPERS:
                 return self.of(pair[0], scope, order, depth + 1)
+            if (pair is not None and pair[1] in self._DRAWN) or last_part(
+                dotted(node.func)
+            ) in self._DRAWN - {"sample"}:
+                return True  # ids drawn from the model's own distribution: never an ignore index
             args = positional(node)
             if last_part(dotted(node.func)) in self._TENSOR and args:
                 return self.of(args[0], scope, order, depth + 1)

@@ -550,3 +550,28 @@ def test_loss_object_sum_divided_by_its_own_mask_count_fires(acl308, at):
             optimizer.zero_grad()
     """
     assert acl308.findings(source) == [("ACL308", *at(source, "loss / mb["))]
+
+
+def test_labels_sampled_from_the_model_never_match_an_ignore_index(acl308, at):
+    """Sophia's Hessian estimate: `y = Categorical(logits=logits).sample()` holds class ids, so
+    `ignore_index=-1` never matches and every micro-batch of fixed crops has B * T tokens. A
+    padded target with a pad-id ignore index beside it still fires."""
+    source = """
+    import torch
+    import torch.nn.functional as F
+
+    for iter_num in range(1000):
+        for micro_step in range(gradient_accumulation_steps):
+            logits = model(get_batch())
+            y_sample = torch.distributions.Categorical(logits=logits).sample()
+            flat = logits.view(-1, logits.size(-1))
+            loss = F.cross_entropy(flat, y_sample.view(-1), ignore_index=-1)
+            (loss / gradient_accumulation_steps).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    """
+    assert acl308.findings(source) == []
+    padded = source.replace(
+        "y_sample.view(-1), ignore_index=-1", "batch_labels.view(-1), ignore_index=pad_id"
+    )
+    assert [code for code, *_ in acl308.findings(padded)] == ["ACL308"]
