@@ -95,15 +95,22 @@ def _labels_may_be_masked(model: Model) -> bool:
     """Whether the module masks or pads labels anywhere (evidence that valid-token counts vary)."""
     if model.source is not None and not _MASKING_TEXT.search(model.source):
         return False
+    return _names_any(model, _MASKING_KEYWORDS, minus_100=True)
+
+
+def _names_any(model: Model, keywords, minus_100: bool = False) -> bool:
+    """A keyword argument among `keywords`, a masking or padding name (`_MASKING_NAMES`), or,
+    with `minus_100`, the literal `-100`, anywhere in the module."""
     for scope in model.scopes:
         for stmt in scope.stmts:
             for node in walk(stmt.node):
                 if isinstance(node, cst.Arg) and node.keyword is not None:
-                    if node.keyword.value in _MASKING_KEYWORDS:
+                    if node.keyword.value in keywords:
                         return True
                 elif isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
-                    if isinstance(node.expression, cst.Integer) and node.expression.value == "100":
-                        return True
+                    if minus_100 and isinstance(node.expression, cst.Integer):
+                        if node.expression.value == "100":
+                            return True
                 elif isinstance(node, (cst.Name, cst.Attribute)):
                     if _MASKING_NAMES.match(last_part(dotted(node))):
                         return True
@@ -516,16 +523,7 @@ def _pads_batches(model: Model) -> bool:
     `label_pad_token_id`): batches may differ in length, so even raw targets vary in count."""
     if model.source is not None and not re.search(r"pad|DataCollator", model.source):
         return False
-    for scope in model.scopes:
-        for stmt in scope.stmts:
-            for node in walk(stmt.node):
-                if isinstance(node, cst.Arg) and node.keyword is not None:
-                    if node.keyword.value in _PADDING_KEYWORDS:
-                        return True
-                elif isinstance(node, (cst.Name, cst.Attribute)):
-                    if _MASKING_NAMES.match(last_part(dotted(node))):
-                        return True
-    return False
+    return _names_any(model, _PADDING_KEYWORDS)
 
 
 _MASKS = re.compile(r"masked_fill|\bwhere\(|-100")
