@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from guard import _patch
+from guard.events import Event
 
 
 def install(tracker) -> None:
@@ -52,7 +53,7 @@ def _patch_prepare(tracker, cls) -> None:
         outputs = result if isinstance(result, tuple) else (result,)
         for obj in outputs:
             _register(tracker, accelerator, obj)
-        tracker.emit("prepare", accelerator=accelerator, inputs=args, outputs=outputs)
+        tracker.emit(Event.PREPARE, accelerator=accelerator, inputs=args, outputs=outputs)
         return result
 
     _patch.patch(cls, "prepare", prepare_)
@@ -120,16 +121,16 @@ def _patch_contexts(tracker, cls) -> None:
     @contextlib.contextmanager
     def accumulate_(accelerator, *models):
         tracker.establish("accumulate")
-        tracker.emit("accumulate_enter", accelerator=accelerator, models=models)
+        tracker.emit(Event.ACCUMULATE_ENTER, accelerator=accelerator, models=models)
         try:
             with accumulate(accelerator, *models):
                 yield
         finally:  # also when the block raises, so checks tracking the block stay in step
-            tracker.emit("accumulate_exit", accelerator=accelerator, models=models)
+            tracker.emit(Event.ACCUMULATE_EXIT, accelerator=accelerator, models=models)
 
     @contextlib.contextmanager
     def autocast_(accelerator, *args, **kwargs):
-        tracker.emit("accelerate_autocast", accelerator=accelerator)
+        tracker.emit(Event.ACCELERATE_AUTOCAST, accelerator=accelerator)
         with tracker.autocast_origin("accelerate"), autocast(accelerator, *args, **kwargs):
             yield
 

@@ -1,44 +1,8 @@
 """The guard's event tracker: torch is patched once, here, and every check subscribes to events.
 
 Checks never patch torch themselves. They call `TRACKER.subscribe(event, fn)`; `fn` receives the
-payload as keyword arguments (accept `**_` for the ones you ignore). A check that raises
-`GuardError` from a `*_pre` event stops the operation before it has any effect.
-
-Events and payloads (states are `OptState` / `ScalerState` objects documented below):
-
-- `backward_pre(tensors, scaled_by, via)`: before autograd runs. `tensors` are the roots,
-  `scaled_by` the enabled GradScaler whose `scale()` produced the first root (or None), `via` who
-  called it: "raw" (user code), "accelerate" (`Accelerator.backward`) or "engine".
-- `backward(tensors, scaled_by, via, states)`: after autograd ran; `states` are the optimizers
-  whose parameters received gradients in this pass (their counters are already updated).
-- `optimizer_step_pre(optimizer, state, in_scaler_step, via_wrapper)`: torch's global step
-  pre-hook, before any parameter changes. `via_wrapper` is the Accelerate/engine wrapper that is
-  stepping it, or None. `optimizer_step(optimizer, state)`: after the step.
-- `zero_grad(owner, states, set_to_none)`: before `Optimizer.zero_grad` / `Module.zero_grad`.
-- `scale(scaler, outputs, scaled)`: after an enabled `GradScaler.scale`; `outputs` the unscaled
-  input, `scaled` the result.
-- `unscale_pre(scaler, optimizer, state)`, `unscale(...)` after.
-- `scaler_step_pre(scaler, optimizer, state)`, `scaler_step(scaler, optimizer, state, ran)`
-  after; `ran` tells whether the inner optimizer's `step()` was called (False = skipped on inf).
-- `update_pre(scaler, sstate)`, `update(scaler, sstate, skipped, scale_before, scale_after)`;
-  `skipped` means the scale backed off or the scaler recorded inf/NaN (its found-inf state) for
-  the step(s) since the last update, i.e. they were skipped.
-- `clip(kind, parameters, states, via, redirect)`: before torch's `clip_grad_norm_` or
-  `clip_grad_value_`; `kind` is "norm" or "value", `parameters` the materialised list actually
-  passed on, `via` "torch" or "accelerate" (inside `Accelerator.clip_grad_*`); a check may append
-  to the list `redirect` a callable that runs instead of torch's function, with its remaining
-  arguments.
-  `clip_done(..., result, limit)` after, with the `max_norm` / `clip_value` passed and torch's
-  return value (the total norm before clipping, for "norm").
-- `scheduler_step_pre(scheduler, state, via_wrapper)`: before `LRScheduler.step` (not the call
-  made by its constructor); `state` is its optimizer's state.
-- `autocast_enter(device, dtype, enabled, origin, ambient_enabled, ambient_dtype)`: an autocast
-  region was just entered (raising leaves it again); `ambient_*` is the state it replaced;
-  `origin` is "user", "accelerate" (`Accelerator.autocast`), "accelerate-forward" (a prepared
-  model's forward) or "engine". `autocast_exit(frame)` after.
-- `prepare(accelerator, inputs, outputs)`: after `Accelerator.prepare`.
-- `accumulate_enter(accelerator, models)` / `accumulate_exit(accelerator, models)`.
-- `accelerate_autocast(accelerator)`: `Accelerator.autocast()` is being entered.
+payload as keyword arguments (accept `**_` for the ones you ignore). The events and their payloads
+are `guard.events` (an `Event` and a frozen dataclass each); `subscribe` refuses any other name.
 
 `OptState` (one per optimizer): `backwards` / `scaled_backwards` since the last step,
 `contrib_backwards` / `contrib_scaled` since the last step or `zero_grad`, `scaled_pending`
@@ -76,7 +40,7 @@ from typing import Any
 
 import torch
 
-from guard import _patch
+from guard import _patch, events
 from guard._step_reads import StepReads
 from guard._tracker_amp import AmpPatches
 from guard._tracker_optim import OptimizerPatches
@@ -90,6 +54,7 @@ from guard._tracker_state import (  # noqa: F401  (re-exported: the checks' voca
     _Subscription,
     sampled_window,
 )
+from guard.events import Event
 
 
 class Tracker(OptimizerPatches, AmpPatches):
@@ -146,6 +111,7 @@ class Tracker(OptimizerPatches, AmpPatches):
         describes the loop's structure costs nothing in the other 15 of 16 windows. Subscribers
         run in the order they subscribed either way.
         """
+        event = events.checked(event, fn)
         if when is not None and when not in FACTS:
             raise ValueError(f"unknown fact {when!r}; known: {', '.join(FACTS)}")
         entry = _Subscription(event, fn, when, sampled)
@@ -297,7 +263,7 @@ class Tracker(OptimizerPatches, AmpPatches):
                 getattr(roots[0], "_guard_scaled_by", None) if roots and tracker.scaled else None
             )
             via = flags.owner
-            tracker.emit("backward_pre", tensors=roots, scaled_by=scaled_by, via=via)
+            tracker.emit(Event.BACKWARD_PRE, tensors=roots, scaled_by=scaled_by, via=via)
             pass_id = tracker.backward_id = next(tracker._pass_ids)
             flags.pass_id = pass_id
             tracker.backward_depth += 1
@@ -324,7 +290,7 @@ class Tracker(OptimizerPatches, AmpPatches):
                 st.contrib_scaled += 1
                 st.scaled_pending = True
                 st.scaler = scaled_by
-        self.emit("backward", tensors=roots, scaled_by=scaled_by, via=via, states=hit)
+        self.emit(Event.BACKWARD, tensors=roots, scaled_by=scaled_by, via=via, states=hit)
         self.regions_since_backward.clear()
 
     @contextlib.contextmanager

@@ -1,5 +1,5 @@
 """The tracker's patches of GradScaler and autocast: the events `scale`, `unscale_pre`,
-`unscale`, `scaler_step_pre`, `scaler_step`, `update_pre`, `update`, `autocast_enter` and
+`unscale`, `scaler_step_pre`, `scaler_step`, `update`, `autocast_enter` and
 `autocast_exit` (see `guard._tracker`). A mixin of `Tracker`: it uses the tracker's state and
 `emit`."""
 
@@ -13,6 +13,7 @@ import torch
 
 from guard import _patch, _private, _report
 from guard._tracker_state import AutocastFrame, ScalerState
+from guard.events import Event
 
 
 class AmpPatches:
@@ -34,7 +35,7 @@ class AmpPatches:
                         t._guard_scaled_by = scaler
                         tracker.scaled = True
                 tracker.establish("scaled")
-                tracker.emit("scale", scaler=scaler, outputs=outputs, scaled=scaled)
+                tracker.emit(Event.SCALE, scaler=scaler, outputs=outputs, scaled=scaled)
             return scaled
 
         @_patch.wraps_original(unscale_)
@@ -42,10 +43,10 @@ class AmpPatches:
             if not scaler.is_enabled():
                 return unscale_(scaler, optimizer)
             st = tracker.state(optimizer)
-            tracker.emit("unscale_pre", scaler=scaler, optimizer=optimizer, state=st)
+            tracker.emit(Event.UNSCALE_PRE, scaler=scaler, optimizer=optimizer, state=st)
             result = unscale_(scaler, optimizer)
             st.unscaled = True
-            tracker.emit("unscale", scaler=scaler, optimizer=optimizer, state=st)
+            tracker.emit(Event.UNSCALE, scaler=scaler, optimizer=optimizer, state=st)
             return result
 
         @_patch.wraps_original(step)
@@ -53,7 +54,7 @@ class AmpPatches:
             if not scaler.is_enabled():
                 return step(scaler, optimizer, *args, **kwargs)
             st = tracker.state(optimizer)
-            tracker.emit("scaler_step_pre", scaler=scaler, optimizer=optimizer, state=st)
+            tracker.emit(Event.SCALER_STEP_PRE, scaler=scaler, optimizer=optimizer, state=st)
             steps_before = st.steps
             previous, tracker.flags.scaler_step = tracker.flags.scaler_step, scaler
             try:
@@ -64,7 +65,7 @@ class AmpPatches:
             if not ran:
                 tracker._end_window(st)
             tracker.scaler_state(scaler).stepped.append(st)
-            tracker.emit("scaler_step", scaler=scaler, optimizer=optimizer, state=st, ran=ran)
+            tracker.emit(Event.SCALER_STEP, scaler=scaler, optimizer=optimizer, state=st, ran=ran)
             return result
 
         @_patch.wraps_original(update)
@@ -72,7 +73,6 @@ class AmpPatches:
             if not scaler.is_enabled():
                 return update(scaler, new_scale)
             sst = tracker.scaler_state(scaler)
-            tracker.emit("update_pre", scaler=scaler, sstate=sst)
             before = _private.scaler_scale(scaler) if sst.stepped else None
             before = before.clone() if before is not None else None  # update() writes in place
             found_inf = tracker._found_inf(scaler, sst)
@@ -120,7 +120,7 @@ class AmpPatches:
             st.last_step_skipped = skipped
             st.skipped_steps += int(skipped)
         self.emit(
-            "update",
+            Event.UPDATE,
             scaler=scaler,
             sstate=sst,
             skipped=skipped,
@@ -156,7 +156,7 @@ class AmpPatches:
                     tracker.establish("fp16-autocast")
             try:
                 tracker.emit(
-                    "autocast_enter",
+                    Event.AUTOCAST_ENTER,
                     device=device,
                     dtype=frame.dtype,
                     enabled=frame.enabled,
@@ -178,7 +178,7 @@ class AmpPatches:
             result = exit_(ac, *exc)
             if tracker.autocast_stack:
                 frame = tracker.autocast_stack.pop()
-                tracker.emit("autocast_exit", frame=frame)
+                tracker.emit(Event.AUTOCAST_EXIT, frame=frame)
             return result
 
         _patch.patch(cls, "__enter__", __enter__)

@@ -11,6 +11,7 @@ import torch
 
 from guard import _patch, _report, _user_warnings
 from guard._tracker_state import WINDOW_HISTORY, OptState
+from guard.events import Event
 
 
 class OptimizerPatches:
@@ -56,7 +57,7 @@ class OptimizerPatches:
         _patch.patch(torch.nn.Module, "zero_grad", module_zero_grad_)
 
     def _zero_grad(self, owner: Any, states: list[OptState], set_to_none: bool) -> None:
-        self.emit("zero_grad", owner=owner, states=states, set_to_none=set_to_none)
+        self.emit(Event.ZERO_GRAD, owner=owner, states=states, set_to_none=set_to_none)
         for st in states:
             st.scaled_pending = False
             st.contrib_backwards = st.contrib_scaled = 0
@@ -69,7 +70,7 @@ class OptimizerPatches:
             st = self.state(optimizer)
         self.reads.flush_stale()
         self.emit(
-            "optimizer_step_pre",
+            Event.OPTIMIZER_STEP_PRE,
             optimizer=optimizer,
             state=st,
             in_scaler_step=self.flags.scaler_step is not None,
@@ -86,7 +87,7 @@ class OptimizerPatches:
         if st.steps > self.max_steps:
             self.max_steps = st.steps
             _report.set_step(st.steps)
-        self.emit("optimizer_step", optimizer=optimizer, state=st)
+        self.emit(Event.OPTIMIZER_STEP, optimizer=optimizer, state=st)
         self.update_sampling()
 
     @staticmethod
@@ -125,11 +126,11 @@ class OptimizerPatches:
             via = tracker.flags.clip_via
             redirect: list[Callable] = []  # a check may put a replacement for torch's call here
             tracker.emit(
-                "clip", kind=kind, parameters=params, states=states, via=via, redirect=redirect
+                Event.CLIP, kind=kind, parameters=params, states=states, via=via, redirect=redirect
             )
             result = redirect[0](*args, **kwargs) if redirect else original(params, *args, **kwargs)
             tracker.emit(
-                "clip_done",
+                Event.CLIP_DONE,
                 kind=kind,
                 parameters=params,
                 states=states,
@@ -165,7 +166,7 @@ class OptimizerPatches:
             if getattr(scheduler, "last_epoch", 0) >= 0:  # -1 only in the constructor's own step
                 optimizer = getattr(scheduler, "optimizer", None)
                 tracker.emit(
-                    "scheduler_step_pre",
+                    Event.SCHEDULER_STEP_PRE,
                     scheduler=scheduler,
                     state=tracker.state(optimizer) if optimizer is not None else None,
                     via_wrapper=tracker.flags.sched_wrapper,

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from guard import _install, _patch, _report
+from guard.events import Event
 
 _local = threading.local()
 
@@ -119,10 +120,10 @@ def _loader(tracker) -> None:
             batch = original(iterator)
         except StopIteration:
             progress.ended(iterator)
-            tracker.emit("loader_end", iterator=iterator)
+            tracker.emit(Event.LOADER_END, iterator=iterator)
             raise
         if progress.batch(iterator):
-            tracker.emit("loader_start", iterator=iterator)
+            tracker.emit(Event.LOADER_START, iterator=iterator)
         return batch
 
     _patch.patch(_BaseDataLoaderIter, "__next__", __next__)
@@ -137,9 +138,9 @@ def _sampler(tracker) -> None:
 
     @_patch.wraps_original(original)
     def __iter__(sampler):
-        tracker.emit("sampler_iter", sampler=sampler)
+        tracker.emit(Event.SAMPLER_ITER, sampler=sampler)
         indices = original(sampler)
-        if not tracker.wants("sampler_end"):
+        if not tracker.wants(Event.SAMPLER_END):
             return indices
         return _until_end(tracker, sampler, getattr(sampler, "epoch", None), indices)
 
@@ -149,7 +150,7 @@ def _sampler(tracker) -> None:
 def _until_end(tracker, sampler, epoch, indices):
     """The pass's indices, then `sampler_end` once they are all handed out."""
     yield from indices
-    tracker.emit("sampler_end", sampler=sampler, epoch=epoch)
+    tracker.emit(Event.SAMPLER_END, sampler=sampler, epoch=epoch)
 
 
 def _ddp(tracker) -> None:
@@ -164,14 +165,14 @@ def _ddp(tracker) -> None:
     def __init__(module, *args, **kwargs):
         init(module, *args, **kwargs)
         tracker.establish("ddp")
-        tracker.emit("ddp_created", module=module)
+        tracker.emit(Event.DDP_CREATED, module=module)
 
     @_patch.wraps_original(forward)
     def guarded_forward(module, *args, **kwargs):
         tracker.establish("ddp")  # also a wrapper built before the guard was installed
         if torch.is_grad_enabled():
             sync = bool(getattr(module, "require_backward_grad_sync", True))
-            tracker.emit("ddp_forward", module=module, sync=sync)
+            tracker.emit(Event.DDP_FORWARD, module=module, sync=sync)
         return forward(module, *args, **kwargs)
 
     _patch.patch(DDP, "__init__", __init__)
@@ -194,7 +195,7 @@ def _train_mode(tracker) -> None:
         finally:
             _local.train_depth = depth
         if depth == 0 and isinstance(mode, bool):
-            tracker.emit("train_mode", module=module, mode=mode)
+            tracker.emit(Event.TRAIN_MODE, module=module, mode=mode)
         return result
 
     _patch.patch(torch.nn.Module, "train", train)
@@ -212,7 +213,7 @@ def _gather(tracker) -> None:
         def gather_(accelerator, tensor):
             result = gather(accelerator, tensor)
             if not _in_gather_for_metrics():
-                tracker.emit("gather", accelerator=accelerator, result=result)
+                tracker.emit(Event.GATHER, accelerator=accelerator, result=result)
             return result
 
         @_patch.wraps_original(for_metrics)
@@ -248,7 +249,7 @@ def _dist_gather(tracker) -> None:
             result = original(*args, **kwargs)
             if _called_by_user():
                 output = args[0] if args else kwargs.get(keyword)
-                tracker.emit("dist_gather", parts=output_parts(output))
+                tracker.emit(Event.DIST_GATHER, parts=output_parts(output))
             return result
 
         _patch.patch(dist, name, all_gather_)
@@ -265,7 +266,7 @@ def _finish(tracker) -> None:
     """One exit hook per process; it reaches whichever checks are subscribed at exit time."""
     if not _finish_hooked:
         _finish_hooked.append(True)
-        _report.before_exit(lambda: tracker.emit("finish") if tracker.active else None)
+        _report.before_exit(lambda: tracker.emit(Event.FINISH) if tracker.active else None)
 
 
 DEPRECATED_AMP = {  # module path -> class names whose torch.amp spelling takes the device first
@@ -296,7 +297,7 @@ def _wrap_deprecated_init(tracker, cls: type, api: str) -> None:
     @_patch.wraps_original(original)
     def __init__(self, *args, **kwargs):
         if _called_by_user():
-            tracker.emit("deprecated_amp", api=api, replacement=replacement)
+            tracker.emit(Event.DEPRECATED_AMP, api=api, replacement=replacement)
         original(self, *args, **kwargs)
 
     _patch.patch(cls, "__init__", __init__)

@@ -35,12 +35,12 @@ def test_woken_subscribers_keep_the_order_they_subscribed_in():
 
 def test_unsubscribing_works_for_waiting_and_live_subscriptions():
     tracker, calls = Tracker(), []
-    drop_waiting = tracker.subscribe("step", lambda **_: calls.append("w"), when="ddp")
-    drop_live = tracker.subscribe("step", lambda **_: calls.append("l"))
+    drop_waiting = tracker.subscribe("optimizer_step", lambda **_: calls.append("w"), when="ddp")
+    drop_live = tracker.subscribe("optimizer_step", lambda **_: calls.append("l"))
     drop_waiting()
     drop_live()
     tracker.establish("ddp")
-    tracker.emit("step")
+    tracker.emit("optimizer_step")
     assert calls == []
 
 
