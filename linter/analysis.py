@@ -214,7 +214,7 @@ def analyze_source(
         module, tree = parse(source, cache)
         if not checks:
             return []
-        model = Model(module, source, tree)
+        model = Model(module, source, tree, path)
         diagnostics: list[Diagnostic] = []
         for code, check in checks:
             ctx = RuleContext(model, source, path, code)
@@ -232,4 +232,4 @@ def describe_loops(source: str, path: str) -> dict:
 
     with _collector_paused():
         module, tree = parse(source)
-        return describe(Model(module, source, tree), path)
+        return describe(Model(module, source, tree, path), path)

@@ -10,7 +10,7 @@ import libcst as cst
 
 from linter.model import Model
 from linter.model.cst_util import walk
-from linter.types import Diagnostic, Edit, Fix, Position
+from linter.types import Configuration, Diagnostic, Edit, Fix, Position, latent_severity
 
 
 class RuleContext:
@@ -30,10 +30,16 @@ class RuleContext:
         fix: Fix | None = None,
         notes: tuple[str, ...] = (),
         severity: str | None = None,
+        configuration: Configuration | None = None,
     ) -> Diagnostic:
-        """Record a finding; `severity="info"` marks a hint of a rule that otherwise errs."""
+        """Record a finding; `severity="info"` marks a hint of a rule that otherwise errs.
+        `configuration`: the runs it affects; one harmless by default is reported a level
+        lower (`latent_severity`)."""
         start, end = node if isinstance(node, tuple) else self.span(node)
-        diagnostic = Diagnostic(self.code, message, self.path, start, end, fix, notes, severity)
+        severity = latent_severity(configuration, severity)
+        diagnostic = Diagnostic(
+            self.code, message, self.path, start, end, fix, notes, severity, configuration
+        )
         self.diagnostics.append(diagnostic)
         return diagnostic
 

@@ -35,6 +35,43 @@ class Fix:
 
 
 @dataclass(frozen=True)
+class Configuration:
+    """The runs a finding affects: whether the default configuration is one of them, and the
+    setting that makes it real (`with --gradient_accumulation_steps > 1 (default 1)`)."""
+
+    affects_default: bool
+    condition: str
+    knobs: tuple[str, ...] = ()
+
+    @property
+    def latent(self) -> bool:
+        return not self.affects_default
+
+    def describe(self) -> str:
+        """One line a reporter shows beside the message."""
+        if self.affects_default:
+            return f"the default configuration is affected ({self.condition})"
+        return f"latent: only {self.condition}; the default configuration is not affected"
+
+    def as_dict(self) -> dict:
+        return {
+            "condition": self.condition,
+            "default_affected": self.affects_default,
+            "knobs": list(self.knobs),
+        }
+
+
+def latent_severity(configuration: Configuration | None, severity: str | None) -> str | None:
+    """The severity policy: a finding harmless in the default configuration is reported one
+    level lower than the same finding in the default run (an error becomes a warning); a
+    warning is the lowest level shown by default, so it stays a warning, and a hint is never
+    where a latent finding goes."""
+    if configuration is None or configuration.affects_default or severity == "info":
+        return severity
+    return "warning"
+
+
+@dataclass(frozen=True)
 class Diagnostic:
     code: str
     message: str
@@ -47,6 +84,8 @@ class Diagnostic:
     # "info" for a hint-level finding of a rule whose findings are otherwise errors (ACL305's
     # unchecked step after a GradScaler step); None: the rule's own severity.
     severity: str | None = None
+    # The configuration the finding depends on (None: it does not depend on one).
+    configuration: Configuration | None = None
 
     @property
     def is_hint(self) -> bool:

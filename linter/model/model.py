@@ -34,10 +34,15 @@ from linter.model.sites import SiteFinder
 
 class Model:
     def __init__(
-        self, module: cst.Module, source: str | None = None, tree: ast.Module | None = None
+        self,
+        module: cst.Module,
+        source: str | None = None,
+        tree: ast.Module | None = None,
+        path: str | None = None,
     ) -> None:
         self.module = module
         self.source = source  # the module's text (None when built from a tree alone)
+        self.path = path  # the file's shown path: config files it loads are found beside it
         self.positions = Positions(module, source, tree)  # tree: `ast` of source, when parsed
         collector = ScopeCollector(module)
         self.scopes: list[Scope] = collector.scopes

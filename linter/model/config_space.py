@@ -1,0 +1,691 @@
+"""The configuration space of a script: the knobs a run may turn, each with its default, its
+choices and where it came from, so a finding can say whether the default run is affected.
+
+Knobs come from argparse (`add_argument`), dataclass fields (HfArgumentParser's or a plain
+`@dataclass` config), module constants and the globals a nanoGPT-style configurator may
+override (`exec(open("configurator.py").read())`, `globals().update(...)`), dict and
+`SimpleNamespace` literals, and YAML/JSON/TOML files loaded from a literal path the project holds.
+One pass over the module's statements builds it (memoised per model); a config file that does not
+parse, or a YAML file without PyYAML installed, is a note, never a crash.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import libcst as cst
+
+from linter.model.cst_util import (
+    code,
+    dotted,
+    keyword,
+    last_part,
+    positional,
+    string_value,
+    strip_parens,
+)
+from linter.model.functions import Scope
+from linter.types import Configuration
+
+_MAX_DEPTH = 4
+_PASS_CALLS = {"int", "float", "bool", "str", "round", "math.ceil", "math.floor"}
+_LOADERS = {
+    "safe_load": "yaml",
+    "full_load": "yaml",
+    "load": None,  # yaml.load / json.load / tomllib.load / OmegaConf.load: by the module
+    "loads": None,
+}
+_FILE_KINDS = {".yaml": "yaml", ".yml": "yaml", ".json": "json", ".toml": "toml"}
+_UNKNOWN = object()  # a default that is not a literal
+
+
+class KnobSource(StrEnum):
+    ARGPARSE = "argparse"
+    DATACLASS = "dataclass"
+    CONSTANT = "constant"
+    DICT = "dict"
+    NAMESPACE = "namespace"
+    YAML = "yaml"
+    JSON = "json"
+    TOML = "toml"
+    OVERRIDABLE_GLOBAL = "overridable-global"
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One setting. `spelling` is how a user sets it (`--gradient_accumulation_steps`,
+    `TrainConfig.grad_accum_steps`, `config["k"]`, `train.yaml: k`); `default` is its value
+    when nothing is passed (`default_known` False when the code computes it)."""
+
+    name: str
+    spelling: str
+    default: object
+    choices: tuple | None
+    source: KnobSource
+    line: int
+    path: str | None = None
+    default_known: bool = True
+    type: str | None = None
+
+    def describe(self) -> dict:
+        """The knob as `--show-loops` shows it."""
+        return {
+            "name": self.name,
+            "spelling": self.spelling,
+            "default": self.default if self.default_known else "(computed)",
+            "choices": list(self.choices) if self.choices is not None else None,
+            "source": str(self.source),
+            "where": f"{self.path or '<module>'}:{self.line}",
+        }
+
+
+@dataclass
+class ConfigSpace:
+    """The knobs of one module and how its expressions name them."""
+
+    knobs: list[Knob] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    _argparse: dict[str, Knob] = field(default_factory=dict)  # by dest
+    _fields: dict[str, dict[str, Knob]] = field(default_factory=dict)  # class -> field -> knob
+    _globals: dict[str, Knob] = field(default_factory=dict)  # module names
+    _keyed: dict[str, dict[str, Knob]] = field(default_factory=dict)  # dict/ns/file var -> key
+    _parsed: set[str] = field(default_factory=set)  # names bound to parse_args() results
+    _instances: dict[str, str] = field(default_factory=dict)  # name -> dataclass it holds
+    _model: object = None
+
+    def knob_for(self, expr: cst.CSTNode | None, scope: Scope | None = None) -> Knob | None:
+        """The knob an expression reads: `args.k`, `cfg.k`, `config["k"]`, `config.get("k")`,
+        a configurable global, or a name bound once to one of those (`K = args.k`)."""
+        if expr is None or not self.knobs:
+            return None
+        return self._knob(strip_parens(expr), scope, 0)
+
+    def _knob(self, node, scope: Scope | None, depth: int) -> Knob | None:
+        if depth > _MAX_DEPTH or not isinstance(node, cst.BaseExpression):
+            return None
+        node = strip_parens(node)
+        if isinstance(node, cst.Call):
+            if dotted(node.func) in _PASS_CALLS and len(positional(node)) == 1:
+                return self._knob(positional(node)[0], scope, depth + 1)
+            return self._call_knob(node, scope, depth)
+        if isinstance(node, cst.Name):
+            return self._name_knob(node.value, scope, depth)
+        if isinstance(node, cst.Attribute):
+            return self._member(node.value, node.attr.value, scope)
+        if isinstance(node, cst.Subscript) and len(node.slice) == 1:
+            index = node.slice[0].slice
+            key = string_value(index.value) if isinstance(index, cst.Index) else None
+            if key is not None:
+                return self._keyed_knob(node.value, key, scope)
+        return None
+
+    def _call_knob(self, node: cst.Call, scope, depth) -> Knob | None:
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "get" and positional(node):
+            key = string_value(positional(node)[0])
+            if key is not None:
+                return self._keyed_knob(func.value, key, scope)
+        if dotted(func) == "getattr" and len(positional(node)) >= 2:
+            attr = string_value(positional(node)[1])
+            if attr is not None:
+                return self._member(positional(node)[0], attr, scope)
+        return None
+
+    def _name_knob(self, name: str, scope, depth) -> Knob | None:
+        model = self._model
+        while scope is not None and scope.parent is not None:
+            if name in scope.globals:
+                break
+            defs = scope.defs.get(name, [])
+            if defs or name in scope.params:
+                if len(defs) == 1 and defs[0].op == "=" and defs[0].tuple_index is None:
+                    return self._knob(defs[0].value, scope, depth + 1)
+                return None
+            scope = scope.parent
+        if name in self._globals:
+            return self._globals[name]
+        top = model.scopes[0] if model is not None else None
+        defs = top.defs.get(name, []) if top is not None else []
+        if len(defs) == 1 and defs[0].op == "=" and defs[0].tuple_index is None:
+            return self._knob(defs[0].value, top, depth + 1)
+        return None
+
+    def _member(self, receiver, attr: str, scope) -> Knob | None:
+        """`receiver.attr`: an argparse dest, a dataclass field, a namespace or file key."""
+        text = dotted(receiver)
+        if text is None:
+            return None
+        head = text
+        if head in self._keyed and attr in self._keyed[head]:
+            return self._keyed[head][attr]
+        parent, _, leaf = text.rpartition(".")  # cfg.train.k: a nested key of a loaded file
+        if parent in self._keyed and f"{leaf}.{attr}" in self._keyed[parent]:
+            return self._keyed[parent][f"{leaf}.{attr}"]
+        if head in self._instances:
+            return self._fields.get(self._instances[head], {}).get(attr)
+        if head in self._parsed or last_part(text) in self._parsed:
+            return self._argparse.get(attr)
+        # a parameter or attribute holding the parsed settings (`def train(args)`,
+        # `self.args`, `self.cfg`): the one knob of that name, when only one source has it
+        found = [self._argparse[attr]] if attr in self._argparse else []
+        found += [f[attr] for f in self._fields.values() if attr in f]
+        return found[0] if len(found) == 1 and self._holder(text, scope) else None
+
+    def _holder(self, text: str, scope) -> bool:
+        """Whether a name may hold parsed settings: a parameter, `self.<x>`, or a name bound
+        to something the module cannot see (not to a literal of its own)."""
+        head = text.split(".", 1)[0]
+        if head == "self" or (scope is not None and head in scope.params):
+            return True
+        model = self._model
+        defs = [d for s in model.scopes for d in s.defs.get(text, [])] if model else []
+        return all(isinstance(d.value, cst.Call) for d in defs)
+
+    def _keyed_knob(self, receiver, key: str, scope) -> Knob | None:
+        text = dotted(receiver)
+        if text is not None:
+            if text in self._keyed:
+                return self._keyed[text].get(key)
+            if text.startswith("vars(") or text in self._parsed:
+                return self._argparse.get(key)
+        if isinstance(receiver, cst.Call) and dotted(receiver.func) == "vars":
+            return self._argparse.get(key)
+        if isinstance(receiver, cst.Subscript) and len(receiver.slice) == 1:
+            index = receiver.slice[0].slice
+            outer = string_value(index.value) if isinstance(index, cst.Index) else None
+            base = dotted(receiver.value)
+            if outer is not None and base in self._keyed:
+                return self._keyed[base].get(f"{outer}.{key}")
+        return None
+
+    def describe(self) -> dict:
+        """`--show-loops`' view: every knob and every note."""
+        return {"knobs": [k.describe() for k in self.knobs], "notes": list(self.notes)}
+
+
+def config_space(model) -> ConfigSpace:
+    """The module's configuration space (built once per model)."""
+    return model.memo("config_space", _build)
+
+
+# --- K's configuration ----------------------------------------------------------------------
+def k_configuration(model, k: cst.CSTNode | None, scope: Scope | None = None):
+    """The configuration a finding about accumulation depends on: K read from a knob. A knob
+    whose default is at most 1 leaves the default run unaffected (latent); a larger default
+    affects it. None when K is a literal or its source is out of sight."""
+    if k is None:
+        return None
+    knob = config_space(model).knob_for(k, scope)
+    if knob is None or not knob.default_known:
+        return None
+    default = knob.default
+    if isinstance(default, bool) or not isinstance(default, (int, float)):
+        return None
+    shown = int(default) if float(default).is_integer() else default
+    condition = f"with {knob.spelling} > 1 (default {shown})"
+    return Configuration(affects_default=default > 1, condition=condition, knobs=(knob.name,))
+
+
+# --- building -------------------------------------------------------------------------------
+def _build(model) -> ConfigSpace:
+    space = ConfigSpace(_model=model)
+    path = getattr(model, "path", None)
+    top = model.scopes[0]
+    hf = any(last_part(c.func) == "HfArgumentParser" for s in model.scopes for c in s.calls)
+    for cls in _dataclasses(model.module):
+        _add_fields(model, space, cls, path, hf)
+    for scope in model.scopes:
+        for site in scope.calls:
+            if site.method == "add_argument":
+                _add_argument(model, space, site.call, path)
+            elif site.method == "set_defaults":
+                _set_defaults(space, site.call)
+    _find_parse_results(model, space)
+    overridable = _has_configurator(model)
+    for name, defs in top.defs.items():
+        _add_global(model, space, name, defs, overridable, path)
+    for scope in model.scopes:
+        for name, defs in scope.defs.items():
+            if len(defs) == 1 and defs[0].op == "=" and defs[0].tuple_index is None:
+                _add_keyed(model, space, scope, name, defs[0], path)
+    return space
+
+
+def _literal(node) -> object:
+    """The Python value of a literal expression (numbers, strings, booleans, None, simple
+    arithmetic on numbers, lists/tuples of those), else _UNKNOWN."""
+    if node is None:
+        return _UNKNOWN
+    try:
+        tree = ast.parse(code(strip_parens(node)).strip(), mode="eval").body
+    except (SyntaxError, ValueError):
+        return _UNKNOWN
+    return _evaluate(tree)
+
+
+def _evaluate(tree: ast.AST) -> object:
+    if isinstance(tree, ast.Constant):
+        return tree.value
+    if isinstance(tree, (ast.List, ast.Tuple)):
+        items = [_evaluate(e) for e in tree.elts]
+        return _UNKNOWN if any(i is _UNKNOWN for i in items) else tuple(items)
+    if isinstance(tree, ast.UnaryOp) and isinstance(tree.op, (ast.USub, ast.UAdd)):
+        value = _evaluate(tree.operand)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return -value if isinstance(tree.op, ast.USub) else value
+    if isinstance(tree, ast.BinOp):
+        left, right = _evaluate(tree.left), _evaluate(tree.right)
+        numbers = all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in (left, right)
+        )
+        ops = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Pow: "**"}
+        op = ops.get(type(tree.op))
+        if numbers and op is not None and (op != "**" or abs(right) < 64):
+            try:
+                return {"+": left + right, "-": left - right, "*": left * right,
+                        "//": left // right if right else _UNKNOWN,
+                        "**": left**right}[op]  # fmt: skip
+            except (OverflowError, ZeroDivisionError):
+                return _UNKNOWN
+    return _UNKNOWN
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _add(space: ConfigSpace, knob: Knob) -> Knob:
+    space.knobs.append(knob)
+    return knob
+
+
+# argparse ---------------------------------------------------------------------------------
+_TYPES = {"int": int, "float": float, "str": str}
+
+
+def _add_argument(model, space: ConfigSpace, call: cst.Call, path) -> None:
+    options = [string_value(a) for a in positional(call)]
+    if not options or any(o is None for o in options):
+        return
+    long = [o for o in options if o.startswith("--")]
+    shown = long[0] if long else options[0]
+    dest_node = keyword(call, "dest")
+    dest = string_value(dest_node) if dest_node is not None else None
+    if dest is None:
+        dest = (long[0] if long else options[0]).lstrip("-").replace("-", "_")
+    action = string_value(keyword(call, "action"))
+    type_name = dotted(keyword(call, "type")) if keyword(call, "type") is not None else None
+    default_node = keyword(call, "default")
+    if default_node is not None:
+        default = _literal(default_node)
+    elif action in ("store_true", "store_false"):
+        default = action == "store_false"
+    else:
+        default = None
+    if isinstance(default, str) and type_name in ("int", "float"):
+        try:
+            default = _TYPES[type_name](default)  # argparse converts string defaults
+        except ValueError:
+            pass
+    choices = _literal(keyword(call, "choices")) if keyword(call, "choices") is not None else None
+    if not isinstance(choices, tuple):
+        choices = None
+    if action in ("store_true", "store_false"):
+        type_name = "bool"
+    known = default is not _UNKNOWN
+    knob = Knob(
+        dest,
+        shown,
+        default if known else None,
+        choices,
+        KnobSource.ARGPARSE,
+        model.line(call),
+        path,
+        known,
+        type_name,
+    )
+    if dest in space._argparse:  # a later definition of the same dest (subparsers): keep both
+        space.knobs.append(knob)
+        return
+    space._argparse[dest] = _add(space, knob)
+
+
+def _set_defaults(space: ConfigSpace, call: cst.Call) -> None:
+    """`parser.set_defaults(k=4)` changes the default of an argument defined before it."""
+    for arg in call.args:
+        if arg.keyword is None or arg.keyword.value not in space._argparse:
+            continue
+        value = _literal(arg.value)
+        old = space._argparse[arg.keyword.value]
+        new = Knob(
+            old.name,
+            old.spelling,
+            value if value is not _UNKNOWN else None,
+            old.choices,
+            old.source,
+            old.line,
+            old.path,
+            value is not _UNKNOWN,
+            old.type,
+        )
+        space.knobs[space.knobs.index(old)] = new
+        space._argparse[old.name] = new
+
+
+_PARSE_METHODS = {"parse_args", "parse_known_args", "parse_args_into_dataclasses"}
+
+
+def _find_parse_results(model, space: ConfigSpace) -> None:
+    """Names bound to parsed settings: `args = parser.parse_args()`, `args, _ =
+    parser.parse_known_args()`, `args = parse_args()` for a local function returning one, and
+    HfArgumentParser's dataclass instances (`model_args, train_args = parser.parse_...()`)."""
+    returning = set()
+    for scope in model.scopes[1:]:
+        for value, _stmt in scope.returns:
+            if _is_parse_call(value, returning) or (
+                dotted(value) is not None
+                and any(
+                    _is_parse_call(d.value, returning) for d in scope.defs.get(dotted(value), [])
+                )
+            ):
+                returning.add(scope.name)
+    classes = _hf_classes(model)
+    for scope in model.scopes:
+        for name, defs in scope.defs.items():
+            for d in defs:
+                if not _is_parse_call(d.value, returning):
+                    continue
+                method = last_part(dotted(d.value.func) if isinstance(d.value, cst.Call) else "")
+                if method == "parse_args_into_dataclasses" and d.tuple_index is not None:
+                    if d.tuple_index < len(classes):
+                        space._instances[name] = classes[d.tuple_index]
+                elif d.tuple_index in (None, 0):
+                    space._parsed.add(name)
+        for name, defs in scope.defs.items():  # `cfg = TrainConfig(...)`
+            for d in defs:
+                if (
+                    isinstance(d.value, cst.Call)
+                    and last_part(dotted(d.value.func)) in space._fields
+                ):
+                    space._instances[name] = last_part(dotted(d.value.func))
+
+
+def _is_parse_call(value, returning: set[str]) -> bool:
+    if isinstance(value, cst.Subscript):  # parser.parse_known_args()[0]
+        value = value.value
+    if not isinstance(value, cst.Call):
+        return False
+    callee = last_part(dotted(value.func))
+    return callee in _PARSE_METHODS or callee in returning
+
+
+def _hf_classes(model) -> list[str]:
+    """The dataclasses given to `HfArgumentParser((ModelArguments, TrainingArguments))`."""
+    for scope in model.scopes:
+        for site in scope.calls:
+            if last_part(site.func) == "HfArgumentParser" and positional(site.call):
+                given = strip_parens(positional(site.call)[0])
+                items = given.elements if isinstance(given, (cst.Tuple, cst.List)) else None
+                if items is None:
+                    return [last_part(dotted(given))] if dotted(given) else []
+                return [last_part(dotted(e.value)) for e in items if dotted(e.value)]
+    return []
+
+
+# dataclasses --------------------------------------------------------------------------------
+def _dataclasses(module: cst.Module):
+    for statement in module.body:
+        if isinstance(statement, cst.ClassDef) and any(
+            last_part(dotted(d.decorator) or dotted(getattr(d.decorator, "func", None)))
+            == "dataclass"
+            for d in statement.decorators
+        ):
+            yield statement
+
+
+def _add_fields(model, space: ConfigSpace, cls: cst.ClassDef, path, hf: bool) -> None:
+    fields = space._fields.setdefault(cls.name.value, {})
+    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else []
+    for line in body:
+        if not isinstance(line, cst.SimpleStatementLine):
+            continue
+        for small in line.body:
+            if not isinstance(small, cst.AnnAssign) or not isinstance(small.target, cst.Name):
+                continue
+            name = small.target.value
+            value, choices = small.value, None
+            if isinstance(value, cst.Call) and last_part(dotted(value.func)) == "field":
+                choices = _metadata_choices(value)
+                value = keyword(value, "default")  # None: a default_factory or required
+            default = _literal(value) if value is not None else _UNKNOWN
+            known = default is not _UNKNOWN
+            spelling = f"--{name}" if hf else f"{cls.name.value}.{name}"
+            type_name = code(small.annotation.annotation)
+            knob = Knob(
+                name,
+                spelling,
+                default if known else None,
+                choices,
+                KnobSource.DATACLASS,
+                model.line(small),
+                path,
+                known,
+                type_name,
+            )
+            fields[name] = _add(space, knob)
+
+
+def _metadata_choices(call: cst.Call) -> tuple | None:
+    metadata = keyword(call, "metadata")
+    if not isinstance(metadata, cst.Dict):
+        return None
+    for element in metadata.elements:
+        if isinstance(element, cst.DictElement) and string_value(element.key) == "choices":
+            value = _literal(element.value)
+            return value if isinstance(value, tuple) else None
+    return None
+
+
+# module globals -----------------------------------------------------------------------------
+def _has_configurator(model) -> bool:
+    """nanoGPT's `exec(open('configurator.py').read())` or `globals().update(...)`: every
+    module-level setting above it may be overridden from the command line or a config file."""
+    for site in model.scopes[0].calls:
+        if site.func == "exec" and positional(site.call):
+            return True
+        pair = site.method == "update" and isinstance(site.call.func, cst.Attribute)
+        if pair and isinstance(site.call.func.value, cst.Call):
+            if dotted(site.call.func.value.func) == "globals":
+                return True
+    return False
+
+
+def _add_global(model, space: ConfigSpace, name, defs, overridable: bool, path) -> None:
+    first = next((d for d in defs if d.op == "=" and d.tuple_index is None), None)
+    if first is None or name.startswith("_") or "." in name:
+        return
+    value = _literal(first.value)
+    if value is _UNKNOWN or isinstance(value, tuple) or first.stmt.frames:
+        return
+    if not overridable:
+        if len(defs) != 1 or _bound_elsewhere(model, name):
+            return
+        if not isinstance(value, (int, float, str)) or isinstance(value, bool):
+            return  # flags and None are rarely settings of a run: keep constants numeric/str
+    source = KnobSource.OVERRIDABLE_GLOBAL if overridable else KnobSource.CONSTANT
+    spelling = f"--{name}" if overridable else name
+    type_name = type(value).__name__ if value is not None else None
+    knob = Knob(name, spelling, value, None, source, model.line(first.stmt.node), path, True,
+                type_name)  # fmt: skip
+    space._globals[name] = _add(space, knob)
+
+
+def _bound_elsewhere(model, name: str) -> bool:
+    from linter.model.constants import _other_bindings
+
+    return name in _other_bindings(model) or any(
+        name in s.defs and name in s.globals for s in model.scopes[1:]
+    )
+
+
+# dicts, namespaces and config files -----------------------------------------------------------
+def _add_keyed(model, space: ConfigSpace, scope: Scope, name: str, d, path) -> None:
+    value = strip_parens(d.value) if d.value is not None else None
+    line = model.line(d.stmt.node)
+    if isinstance(value, cst.Dict):
+        keys = _dict_items(value)
+        if keys:
+            _add_keys(space, name, keys, KnobSource.DICT, f'{name}["{{}}"]', line, path)
+        return
+    if not isinstance(value, cst.Call):
+        return
+    callee = last_part(dotted(value.func))
+    if callee in ("SimpleNamespace", "Namespace", "EasyDict", "edict"):
+        items = {a.keyword.value: a.value for a in value.args if a.keyword is not None}
+        star = [a.value for a in value.args if a.star == "**"]
+        for given in star:
+            given = strip_parens(given)
+            source = given if isinstance(given, cst.Dict) else _bound_dict(scope, given)
+            if source is not None:
+                items = {**_dict_items(source), **items}
+        if items:
+            _add_keys(space, name, items, KnobSource.NAMESPACE, f"{name}.{{}}", line, path)
+        return
+    loaded = _loaded_file(model, space, scope, value, d)
+    if loaded is None:
+        return
+    kind, file_path, shown = loaded
+    data = _parse_file(space, kind, file_path, shown)
+    if not isinstance(data, dict):
+        return
+    source = {"yaml": KnobSource.YAML, "json": KnobSource.JSON, "toml": KnobSource.TOML}[kind]
+    knobs = space._keyed.setdefault(name, {})
+    for key, item in _flatten(data):
+        knobs[key] = _add(
+            space,
+            Knob(key, f"{shown}: {key}", item, None, source, _key_line(file_path, key), shown),
+        )
+
+
+def _dict_items(node: cst.Dict) -> dict[str, cst.BaseExpression]:
+    return {
+        key: e.value
+        for e in node.elements
+        if isinstance(e, cst.DictElement) and (key := string_value(e.key)) is not None
+    }
+
+
+def _bound_dict(scope: Scope, node) -> cst.Dict | None:
+    text = dotted(node)
+    defs = scope.defs.get(text, []) if text else []
+    if len(defs) == 1 and isinstance(defs[0].value, cst.Dict):
+        return defs[0].value
+    return None
+
+
+def _add_keys(space, name, items: dict, source, pattern: str, line, path) -> None:
+    knobs = space._keyed.setdefault(name, {})
+    for key, value in items.items():
+        default = _literal(value)
+        known = default is not _UNKNOWN
+        spelling = pattern.format(key)
+        knob = Knob(key, spelling, default if known else None, None, source, line, path, known)
+        knobs[key] = _add(space, knob)
+
+
+def _loaded_file(model, space, scope: Scope, call: cst.Call, d):
+    """(kind, file path, path as written) of `yaml.safe_load(open("cfg.yaml"))`,
+    `json.load(f)` under `with open("cfg.json") as f`, `OmegaConf.load("cfg.yaml")`, or a
+    path given by an argparse default (`open(args.config)`), when the project holds the file."""
+    func = dotted(call.func) or ""
+    method = last_part(func)
+    if method not in _LOADERS or not positional(call):
+        return None
+    argument = strip_parens(positional(call)[0])
+    written = _path_text(model, space, scope, argument, d)
+    if written is None:
+        return None
+    kind = _FILE_KINDS.get(os.path.splitext(written)[1].lower())
+    if kind is None:
+        return None
+    base = os.path.dirname(os.path.abspath(getattr(model, "path", None) or "."))
+    for _ in range(4):  # the script's folder, then up to three folders above it
+        candidate = os.path.join(base, written)
+        if os.path.isfile(candidate):
+            return kind, candidate, written
+        base = os.path.dirname(base)
+    return None
+
+
+def _path_text(model, space, scope, node, d) -> str | None:
+    if isinstance(node, cst.Call) and dotted(node.func) == "open" and positional(node):
+        node = strip_parens(positional(node)[0])
+    text = string_value(node)
+    if text is not None:
+        return text
+    if isinstance(node, cst.Name):
+        for with_node, _frames in scope.withs:
+            for item in with_node.items:
+                target = item.asname.name if item.asname is not None else None
+                if dotted(target) == node.value and isinstance(item.item, cst.Call):
+                    return _path_text(model, space, scope, item.item, d)
+    knob = space.knob_for(node, scope)
+    if knob is not None and isinstance(knob.default, str):
+        return knob.default
+    return None
+
+
+def _parse_file(space: ConfigSpace, kind: str, path: str, shown: str):
+    try:
+        with open(path, "rb") as file:
+            raw = file.read(1_000_000)
+    except OSError as exc:
+        space.notes.append(f"{shown}: not read ({exc.strerror or exc})")
+        return None
+    try:
+        if kind == "json":
+            import json
+
+            return json.loads(raw)
+        if kind == "toml":
+            import tomllib
+
+            return tomllib.loads(raw.decode("utf-8"))
+        try:
+            import yaml
+        except ImportError:
+            space.notes.append(f"{shown}: not read (PyYAML is not installed)")
+            return None
+        return yaml.safe_load(raw)
+    except Exception as exc:  # any parser's error: the file is a note, never a crash
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        space.notes.append(f"{shown}: does not parse as {kind.upper()} ({first})")
+        return None
+
+
+def _flatten(data: dict, prefix: str = "", depth: int = 0):
+    for key, value in data.items():
+        if not isinstance(key, str):
+            continue
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and depth < 2:
+            yield from _flatten(value, f"{name}.", depth + 1)
+        elif isinstance(value, (int, float, str, bool)) or value is None:
+            yield name, value
+
+
+def _key_line(path: str, key: str) -> int:
+    """The line of a file's key (its last part), for `--show-loops`; 1 when not found."""
+    leaf = key.rsplit(".", 1)[-1]
+    try:
+        with open(path, encoding="utf-8", errors="replace") as file:
+            for number, text in enumerate(file, 1):
+                stripped = text.lstrip().lstrip('"').lstrip("'")
+                if stripped.startswith(leaf) and stripped[len(leaf) :].lstrip("\"' ")[:1] in ":=":
+                    return number
+    except OSError:
+        pass
+    return 1
