@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from linter.types import Diagnostic, Edit, Fix, Position
+from linter.types import Configuration, Diagnostic, Edit, Fix, Position
 
 _TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# accel-lint cache directory\n"
 
@@ -124,7 +124,20 @@ def _encode(d: Diagnostic) -> list:
     if d.fix is not None:
         edits = [[*_pos(e.start), *_pos(e.end), e.content] for e in d.fix.edits]
         fix = [d.fix.applicability, d.fix.message, edits]
-    return [d.code, d.message, *_pos(d.start), *_pos(d.end), fix, list(d.notes), d.severity]
+    configuration = None
+    if d.configuration is not None:
+        c = d.configuration
+        configuration = [c.affects_default, c.condition, list(c.knobs)]
+    return [
+        d.code,
+        d.message,
+        *_pos(d.start),
+        *_pos(d.end),
+        fix,
+        list(d.notes),
+        d.severity,
+        configuration,
+    ]
 
 
 def _pos(position: Position) -> tuple[int, int]:
@@ -139,7 +152,7 @@ def _decode(items: list, path: str) -> list[Diagnostic] | None:
 
 
 def _decode_one(item: list, path: str) -> Diagnostic:
-    code, message, sl, sc, el, ec, fix, notes, severity = item
+    code, message, sl, sc, el, ec, fix, notes, severity, configuration = item
     decoded = None
     if fix is not None:
         applicability, fix_message, edits = fix
@@ -149,4 +162,8 @@ def _decode_one(item: list, path: str) -> Diagnostic:
             tuple(Edit(Position(a, b), Position(c, d), content) for a, b, c, d, content in edits),
         )
     start, end = Position(sl, sc), Position(el, ec)
-    return Diagnostic(code, message, path, start, end, decoded, tuple(notes), severity)
+    config = None
+    if configuration is not None:
+        affects_default, condition, knobs = configuration
+        config = Configuration(bool(affects_default), str(condition), tuple(knobs))
+    return Diagnostic(code, message, path, start, end, decoded, tuple(notes), severity, config)

@@ -78,6 +78,9 @@ def footer(diagnostic: Diagnostic, width: int, text: str | None, notes=None) -> 
             segments += fix_preview(diagnostic, text, pad)
     notes = diagnostic.notes if notes is None else notes
     segments += [(f"{pad}= note: {note}\n", "") for note in notes]
+    if diagnostic.configuration is not None:
+        style = "yellow" if diagnostic.configuration.latent else ""
+        segments.append((f"{pad}= config: {diagnostic.configuration.describe()}\n", style))
     return segments
 
 

@@ -33,6 +33,8 @@ def line(diagnostic: Diagnostic, context: Context | None = None) -> str:
     cell, diagnostic = placed(diagnostic, context or Context())
     start, end = diagnostic.start, diagnostic.end
     text = f"{diagnostic.code} {diagnostic.message}"
+    if diagnostic.configuration is not None:
+        text += f" ({diagnostic.configuration.describe()})"
     properties = ",".join(
         [
             f"title={_property(f'accel-lint ({diagnostic.code})')}",

@@ -1,7 +1,9 @@
-"""`--output-format json`: a list of objects with exactly ruff's keys, so ruff tooling can read it.
+"""`--output-format json`: a list of objects with ruff's keys and one more; ruff tooling reads it.
 
-Keys: cell, code, end_location, filename (absolute), fix, location, message, name, noqa_row,
-severity, url. Locations are `{row, column}` with 1-based columns. In a notebook, as in ruff,
+Keys: cell, code, configuration, end_location, filename (absolute), fix, location, message,
+name, noqa_row, severity, url. `configuration` is accel-lint's own: null for a finding that does
+not depend on the script's configuration, else `{condition, default_affected, knobs}`.
+Locations are `{row, column}` with 1-based columns. In a notebook, as in ruff,
 `cell` is the cell's 1-based number and every row (locations, edits, `noqa_row`) is in that cell.
 """
 
@@ -50,6 +52,9 @@ def as_dict(diagnostic: Diagnostic, cell: int | None = None) -> dict:
     return {
         "cell": cell,
         "code": diagnostic.code,
+        "configuration": (
+            diagnostic.configuration.as_dict() if diagnostic.configuration is not None else None
+        ),
         "end_location": location(diagnostic.end),
         "filename": os.path.abspath(diagnostic.path),
         "fix": fix,

@@ -1,7 +1,8 @@
 """`--output-format sarif`: a SARIF 2.1.0 log shaped like ruff's, rules taken from the catalogue.
 
 In a notebook the region's lines are those of the cell, whose 1-based number is the result's
-`properties.cell` (SARIF has no notion of cells; a property bag is its place for tool facts).
+`properties.cell` (SARIF has no notion of cells; a property bag is its place for tool facts);
+`properties.configuration` says which runs a configuration-dependent finding affects.
 """
 
 from __future__ import annotations
@@ -66,8 +67,13 @@ def result(diagnostic: Diagnostic, cell: int | None = None) -> dict:
         entry["fixes"] = [
             {"artifactChanges": changes, "description": {"text": diagnostic.fix.message}}
         ]
+    properties: dict = {}
     if cell is not None:
-        entry["properties"] = {"cell": cell}
+        properties["cell"] = cell
+    if diagnostic.configuration is not None:
+        properties["configuration"] = diagnostic.configuration.as_dict()
+    if properties:
+        entry["properties"] = properties
     return entry
 
 

@@ -77,7 +77,9 @@ def docs_href(code: str) -> str | None:
 
 def to_lsp(diagnostic: Diagnostic, lines: Lines) -> types.Diagnostic:
     href = docs_href(diagnostic.code)
-    message = "\n".join((diagnostic.message, *diagnostic.notes))
+    config = diagnostic.configuration
+    shown = (config.describe(),) if config is not None else ()
+    message = "\n".join((diagnostic.message, *diagnostic.notes, *shown))
     return types.Diagnostic(
         range=lines.range(diagnostic.start, diagnostic.end),
         message=message,
@@ -85,6 +87,7 @@ def to_lsp(diagnostic: Diagnostic, lines: Lines) -> types.Diagnostic:
         code=diagnostic.code,
         code_description=types.CodeDescription(href=href) if href else None,
         source=SOURCE,
+        data={"configuration": config.as_dict()} if config is not None else None,
     )
 
 

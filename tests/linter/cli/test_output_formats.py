@@ -7,6 +7,7 @@ BAD = "for batch in dl:\n    loss = model(batch)\n    loss.backward()\n    clip_
 RUFF_JSON_KEYS = {
     "cell", "code", "end_location", "filename", "fix", "location", "message", "name", "noqa_row",
     "severity", "url",
+    "configuration",  # accel-lint's own: which runs the finding affects
 }  # fmt: skip
 
 
