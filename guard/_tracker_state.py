@@ -67,7 +67,7 @@ FACTS = {
     "accelerator": "an accelerate Accelerator was built (guard._accelerate)",
     "prepared": "an Accelerator or guard.Engine prepared an optimizer or scheduler",
     "accumulate": "Accelerator.accumulate() was entered (guard._accelerate)",
-    "ddp": "a DistributedDataParallel wrapper was built or ran a forward (checks._sources)",
+    "ddp": "a DistributedDataParallel wrapper was built or ran a forward (guard.sources)",
     "eval": "a module with children was switched to eval mode (ACL502's own subscriber)",
     "sharded": "FSDP reduce-scattered gradients in a backward (ACL401/405's FSDP wrappers)",
 }

@@ -21,8 +21,7 @@ import weakref
 
 import torch
 
-from guard import _patch, _report
-from guard.checks import _sources
+from guard import _patch, _report, sources
 from guard.checks._common import output_tensors, report
 
 CODES = ("ACL106",)
@@ -131,7 +130,7 @@ def _report_fp16(region: str | None, level) -> None:
 
 
 def install(tracker) -> None:
-    _sources.ensure(tracker, "finish")
+    sources.ensure(tracker, "finish")
     forwards = _patch.track(_Fp16Forwards(tracker))
     tracker.subscribe("autocast_enter", forwards.region_entered)
     # bf16 regions never tag anything: only an fp16 region wakes the per-micro-step parts

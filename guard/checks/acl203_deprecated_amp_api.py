@@ -8,14 +8,14 @@ inside libraries are not the user's to fix and are left alone.
 
 from __future__ import annotations
 
-from guard.checks import _sources
+from guard import sources
 from guard.checks._common import report
 
 CODES = ("ACL203",)
 
 
 def install(tracker) -> None:
-    _sources.ensure(tracker, "deprecated_amp")
+    sources.ensure(tracker, "deprecated_amp")
 
     def deprecated(api, replacement, **_) -> None:
         report(

@@ -23,15 +23,15 @@ from __future__ import annotations
 
 import torch
 
+from guard import sources
 from guard._report import user_frame
-from guard.checks import _sources
 from guard.checks._common import grad_norm, report
 
 CODES = ("ACL304",)
 
 
 def install(tracker) -> None:
-    _sources.ensure(tracker, "loader")
+    sources.ensure(tracker, "loader")
     last_step = {"backward_id": 0}
     pass_end = {"backward_id": -1}  # tracker.backward_id when a loader pass last ended
     stepping: set[int] = set()  # optimizers inside their step() (an LBFGS closure runs there)

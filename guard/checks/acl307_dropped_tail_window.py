@@ -25,8 +25,7 @@ import weakref
 from collections import Counter
 from dataclasses import dataclass
 
-from guard import _report
-from guard.checks import _sources
+from guard import _report, sources
 from guard.checks._common import report
 
 CODES = ("ACL307",)
@@ -42,7 +41,7 @@ class _Tail:
 
 
 def install(tracker) -> None:
-    _sources.ensure(tracker, "loader", "finish")
+    sources.ensure(tracker, "loader", "finish")
     started: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # iterator -> (steps, id)
     counters = {"steps": 0, "backward_at_last_step": 0}
     tails: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # OptState -> _Tail

@@ -28,9 +28,9 @@ import weakref
 
 import torch
 
-from guard import _report, distributed
+from guard import _report, distributed, sources
 from guard._tracker_state import sampled_window
-from guard.checks import _graph, _sources
+from guard.checks import _graph
 from guard.checks._common import report
 
 CODES = ("ACL308",)
@@ -40,7 +40,7 @@ _DDP_KEY = "ACL308_trains_ddp"  # (number of DDP modules known when computed, an
 
 
 def install(tracker) -> None:
-    _sources.ensure(tracker, "ddp")
+    sources.ensure(tracker, "ddp")
     pending: dict = {}
     ddp_modules: weakref.WeakSet = weakref.WeakSet()
 

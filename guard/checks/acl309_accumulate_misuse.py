@@ -15,15 +15,15 @@ no_sync() on the sync step never syncs. Reported at the disagreeing forward, bef
 
 from __future__ import annotations
 
-from guard import _report
-from guard.checks import _sources
+from guard import _report, sources
 from guard.checks._common import LEFT_OUT_OF_ACCUMULATE, first_params, report
+from guard.sources import loaders
 
 CODES = ("ACL309",)
 
 
 def install(tracker) -> None:
-    _sources.ensure(tracker, "loader", "ddp")
+    sources.ensure(tracker, "loader", "ddp")
     entry = {"batch": None, "open": False, "hits": []}
     micro: dict = {"accelerator": None, "sync": {}}  # since the last backward
 
@@ -33,7 +33,7 @@ def install(tracker) -> None:
             state = accelerator.gradient_state
             if not state.in_dataloader:
                 _report_unprepared_loader(accelerator)
-            batch = (id(state.active_dataloader), _sources.LOADERS.fetched)
+            batch = (id(state.active_dataloader), loaders.LOADERS.fetched)
             if batch == entry["batch"]:
                 _report_second_entry(accelerator, models)
             entry["batch"] = batch

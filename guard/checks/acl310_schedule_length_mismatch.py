@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from guard import _report
-from guard.checks import _sources
+from guard import _report, sources
+from guard.sources import loaders
 
 CODES = ("ACL310",)
 _PROBE_LIMIT = 1 << 24  # largest horizon searched for in a LambdaLR
@@ -47,12 +47,12 @@ class _Progress:
     horizon: object = _UNKNOWN  # H, None when the schedule has no end to run out of
     started: int | None = None  # optimizer steps taken before the scheduler's first one
     ended_at: int | None = None  # the optimizer step that first ran with the schedule over
-    last_pass: _sources.LoaderPass | None = None  # the loader pass of its optimizer's latest step
+    last_pass: loaders.LoaderPass | None = None  # the loader pass of its optimizer's latest step
     judged: bool = False
 
 
 def install(tracker) -> None:
-    _sources.ensure(tracker, "finish", "loader")
+    sources.ensure(tracker, "finish", "loader")
     progress: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     prepared_at: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -69,7 +69,7 @@ def install(tracker) -> None:
             optimizer = getattr(scheduler, "optimizer", None)
             if entry.judged or optimizer is None or tracker.state(optimizer) is not state:
                 continue
-            entry.last_pass = _sources.LOADERS.latest_pass
+            entry.last_pass = loaders.LOADERS.latest_pass
             if _exhausted(scheduler, entry, state.steps):
                 entry.judged = True
                 _report_exhausted(scheduler, entry, accelerator, wrapper, state.steps, prepared_at)

@@ -18,7 +18,7 @@ import weakref
 
 import torch
 
-from guard.checks import _sources
+from guard import sources
 from guard.checks._common import LEFT_OUT_OF_ACCUMULATE, first_params, report
 
 CODES = ("ACL401", "ACL405")
@@ -27,7 +27,7 @@ _SYNCED_AT = "ACL401_synced_at"  # the backward counter when the last synced for
 
 
 def install(tracker) -> None:
-    _sources.ensure(tracker, "ddp")
+    sources.ensure(tracker, "ddp")
     ddp_modules: weakref.WeakSet = weakref.WeakSet()
 
     def created(module, **_) -> None:

@@ -23,8 +23,9 @@ from typing import Any
 
 import torch
 
-from guard.checks import _sources
+from guard import sources
 from guard.checks._common import report
+from guard.sources import loaders
 
 CODES = ("ACL403",)
 
@@ -52,8 +53,8 @@ class _Pass:
 
 
 def install(tracker) -> None:
-    _sources.ensure(tracker, "gather", "dist_gather", "loader", "sampler")
-    loaders = _sources.LOADERS
+    sources.ensure(tracker, "gather", "dist_gather", "loader", "sampler")
+    progress = loaders.LOADERS
     # id(prepared loader) -> (the loader, weakly; its iteration; _Pass): ids of gone loaders
     # are reused, and a new loader must not inherit a finished pass
     prepared: dict = {}
@@ -63,11 +64,11 @@ def install(tracker) -> None:
     def first_batch(iterator, **_) -> None:
         started, current["sampler"] = current["sampler"], None
         # a DistributedSampler starts right before its loader's first batch, none in between
-        if started is not None and started[1] == loaders.fetched - 1:
+        if started is not None and started[1] == progress.fetched - 1:
             sampled[iterator] = _sampler_pass(started[0], tracker.backward_id)
 
     def sampler_started(sampler, **_) -> None:
-        current["sampler"] = (sampler, loaders.fetched)
+        current["sampler"] = (sampler, progress.fetched)
 
     def accelerate_gathered(accelerator, result, **_) -> None:
         state = accelerator.gradient_state
@@ -81,15 +82,15 @@ def install(tracker) -> None:
             seen = prepared[id(loader)] = (weakref.ref(loader), iteration, evaluation)
         evaluation = seen[2]
         if evaluation is not None:
-            evaluation.add(loaders.fetched, _tensor_samples(result))
+            evaluation.add(progress.fetched, _tensor_samples(result))
             if state.end_of_dataloader:
                 _judge(evaluation, tracker, accelerator.num_processes)
 
     def dist_gathered(parts, **_) -> None:
-        iterator = loaders.latest()
+        iterator = progress.latest()
         evaluation = sampled.get(iterator) if iterator is not None else None
         if evaluation is not None:
-            evaluation.add(loaders.fetched, sum(_object_samples(p) for p in parts))
+            evaluation.add(progress.fetched, sum(_object_samples(p) for p in parts))
 
     def pass_ended(iterator, **_) -> None:
         evaluation = sampled.pop(iterator, None)

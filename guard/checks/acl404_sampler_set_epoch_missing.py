@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import weakref
 
-from guard.checks import _sources
+from guard import sources
 from guard.checks._common import report
 
 CODES = ("ACL404",)
 
 
 def install(tracker) -> None:
-    _sources.ensure(tracker, "sampler")
+    sources.ensure(tracker, "sampler")
     last_epoch: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def pass_ended(sampler, epoch, **_) -> None:

@@ -36,8 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from guard import _report, distributed
-from guard.checks import _sources
+from guard import _report, distributed, sources
 from guard.checks._common import report
 
 CODES = ("ACL405",)
@@ -65,7 +64,7 @@ class _Wrapped:
 
 
 def install(tracker) -> None:
-    _sources.ensure(tracker, "ddp", "finish")
+    sources.ensure(tracker, "ddp", "finish")
     wrappers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DDP module -> _Wrapped
 
     def created(module, **_) -> None:

@@ -22,8 +22,7 @@ import weakref
 
 import torch
 
-from guard import _patch
-from guard.checks import _sources
+from guard import _patch, sources
 from guard.checks._common import records_graph, report
 
 CODES = ("ACL502",)
@@ -97,7 +96,7 @@ def _count_forward(module, _inputs, output) -> None:
 
 
 def install(tracker) -> None:
-    _sources.ensure(tracker, "train_mode")
+    sources.ensure(tracker, "train_mode")
     evals = _patch.track(_EvalForwards(tracker))  # `guard.uninstall()` calls its remove()
 
     def mode_changed(module, mode, **_) -> None:

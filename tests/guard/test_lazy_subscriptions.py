@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from guard._tracker import Tracker
-from guard.checks import _sources
+from guard.sources import loaders
 
 
 def test_a_waiting_subscription_runs_only_once_its_fact_holds():
@@ -133,23 +133,23 @@ def test_the_loader_source_counts_batches_and_passes(guard_on):
     drop_start = TRACKER.subscribe("loader_start", lambda iterator, **_: starts.append(iterator))
     drop_end = TRACKER.subscribe("loader_end", lambda iterator, **_: ends.append(iterator))
     try:
-        fetched = _sources.LOADERS.fetched
+        fetched = loaders.LOADERS.fetched
         first = iter(loader)
         next(first)
-        first_pass = _sources.LOADERS.latest_pass
+        first_pass = loaders.LOADERS.latest_pass
         second = iter(loader)
         next(second)  # interleaved: another pass of the same loader
-        assert _sources.LOADERS.latest() is second
+        assert loaders.LOADERS.latest() is second
         next(first)
-        assert _sources.LOADERS.latest() is first
-        assert _sources.LOADERS.latest_pass is first_pass
+        assert loaders.LOADERS.latest() is first
+        assert loaders.LOADERS.latest_pass is first_pass
         assert not first_pass.finished
         assert len(list(first)) == 1  # the third batch, then the end of the pass
         assert first_pass.finished
         assert starts == [first, second]
         assert ends == [first]
         # 3 batches of `first`, 1 of `second`, and one for the exhausted pass
-        assert _sources.LOADERS.fetched - fetched == 5
+        assert loaders.LOADERS.fetched - fetched == 5
     finally:
         drop_start()
         drop_end()
