@@ -204,8 +204,61 @@ def _collector_paused():
 def analyze_source(
     source: str, path: str, codes: Collection[str], cache: ParseCache | None = None
 ) -> list[Diagnostic]:
-    """Run every selected rule that has a static check on one module's source text."""
+    """Run every selected rule that has a static check on one module's source text.
+
+    Inside a project (`linter.project.enable`) the model also reads what the file uses from
+    the project's other modules; only the file's own findings are returned."""
     load()
+    context = _project_context(source, path) if cache is None else None
+    if context is not None:
+        try:
+            found = _analyze(context.text, path, codes, None)
+        except ParseFailure as failure:
+            if failure.line <= context.base:
+                raise
+            found = None  # the context does not parse with the file: the file alone
+        if found is not None:
+            return _own_findings(found, context)
+    return _analyze(source, path, codes, cache)
+
+
+def _project_context(source: str, path: str):
+    from linter import project
+
+    current = project.current()
+    if current is None:
+        return None
+    import os
+
+    return current.context(os.path.abspath(path), source)
+
+
+def _own_findings(found: list[Diagnostic], context) -> list[Diagnostic]:
+    """The findings in the file itself, in its words; a fix reaching into the context (which
+    belongs to another module) is withheld, the finding kept."""
+    from dataclasses import replace
+
+    from linter.types import Edit, Fix
+
+    kept = []
+    for d in found:
+        if d.start.line > context.base:
+            continue
+        fix = d.fix
+        if fix is not None:
+            if any(e.end.line > context.base for e in fix.edits):
+                fix = None
+            else:
+                edits = tuple(Edit(e.start, e.end, context.names(e.content)) for e in fix.edits)
+                fix = Fix(fix.applicability, context.words(fix.message), edits)
+        notes = tuple(context.words(n) for n in d.notes)
+        kept.append(replace(d, message=context.words(d.message), fix=fix, notes=notes))
+    return kept
+
+
+def _analyze(
+    source: str, path: str, codes: Collection[str], cache: ParseCache | None
+) -> list[Diagnostic]:
     from linter.context import RuleContext
     from linter.model import Model
 
@@ -230,6 +283,18 @@ def describe_loops(source: str, path: str) -> dict:
     from linter.model import Model
     from linter.model.describe import describe
 
+    context = _project_context(source, path)
+    if context is not None:
+        try:
+            with _collector_paused():
+                module, tree = parse(context.text)
+                described = describe(Model(module, context.text, tree, path), path)
+        except ParseFailure:
+            described = None
+        if described is not None:
+            from linter.project.describe import placed
+
+            return placed(described, context)
     with _collector_paused():
         module, tree = parse(source)
         return describe(Model(module, source, tree, path), path)

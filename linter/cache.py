@@ -40,9 +40,11 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def codes_key(codes: frozenset[str], hints: bool = False) -> str:
-    """What the cached findings depend on besides the text: the codes, and whether hints show."""
+def codes_key(codes: frozenset[str], hints: bool = False, project: bool = False) -> str:
+    """What the cached findings depend on besides the text: the codes, whether hints show,
+    and whether the file was read in its project."""
     selected = ",".join(sorted(codes)) + (";hints" if hints else "")
+    selected += ";project" if project else ""
     return hashlib.sha256(selected.encode()).hexdigest()[:16]
 
 
@@ -89,12 +91,24 @@ class Cache:
 
     def _entry(self, path: str, codes: str) -> list | None:
         entry = self.entries.get(path)
-        valid = isinstance(entry, list) and len(entry) == 5 and isinstance(entry[4], list)
-        return entry if valid and entry[3] in (codes, ANY_CODES) else None
+        valid = isinstance(entry, list) and len(entry) in (5, 6) and isinstance(entry[4], list)
+        if not valid or entry[3] not in (codes, ANY_CODES):
+            return None
+        return entry if _dependencies_hold(entry[5] if len(entry) == 6 else []) else None
 
-    def store(self, path, stat, digest: str, codes: str, diagnostics: list[Diagnostic]) -> None:
+    def deps_of(self, path: str) -> list:
+        entry = self.entries.get(path)
+        return entry[5] if isinstance(entry, list) and len(entry) == 6 else []
+
+    def store(
+        self, path, stat, digest: str, codes: str, diagnostics: list[Diagnostic], deps=()
+    ) -> None:
+        """`deps`: (path, summary key) of the project modules the findings were drawn from;
+        the entry holds while each still summarises the same (a change in `util/misc.py`
+        re-lints the files that read it, and nothing else)."""
         encoded = [_encode(d) for d in diagnostics]
-        self.entries[path] = [stat.st_mtime_ns, stat.st_size, digest, codes, encoded]
+        entry = [stat.st_mtime_ns, stat.st_size, digest, codes, encoded, [list(d) for d in deps]]
+        self.entries[path] = entry
         self.dirty = True
 
     def save(self) -> None:
@@ -117,6 +131,18 @@ class Cache:
         tmp = target.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(self.entries, separators=(",", ":")), encoding="utf-8")
         os.replace(tmp, target)
+
+
+def _dependencies_hold(deps) -> bool:
+    if not deps:
+        return True
+    from linter import project
+
+    current = project.current()
+    try:
+        return current is not None and current.still_valid([tuple(d) for d in deps])
+    except (TypeError, ValueError):
+        return False  # a corrupt entry is a miss
 
 
 def _encode(d: Diagnostic) -> list:

@@ -90,6 +90,7 @@ def _show_loops(path: Path, output_format: OutputFormat) -> int:
     from linter.show_loops import as_json, as_tree, describe
     from linter.source import SourceError
 
+    _enable_project([path])
     try:
         description = describe(str(path))
     except SourceError as exc:
@@ -110,7 +111,7 @@ def _syntax_error_line(path: Path, failure) -> str:
     """The ACL000 line for a file `--show-loops` could not parse (in a notebook, by cell)."""
     from linter import output
     from linter.output.concise import line
-    from linter.runner import syntax_error
+    from linter.reporting import syntax_error
     from linter.source import decode, read_bytes
 
     text, shown = decode(read_bytes(str(path))).text, str(path)
@@ -219,12 +220,26 @@ def _lint_files(paths, resolver, mode, printer, no_cache):
 
         cache = Cache(default_directory(resolver.project.root))
     named = frozenset(os.path.abspath(p) for p in paths if not p.is_dir())
+    _enable_project(paths)
     report = runner.run(found.files, mode, cache, named)
     if cache is not None:
         cache.save()
     for shown, message in report.errors:
         _echo(f"error: {shown}: {message}", err=True)
     return report
+
+
+def _enable_project(paths) -> None:
+    """Files read from disk are analysed in their project (ACCEL_LINT_NO_PROJECT=1: alone)."""
+    from linter import project
+
+    if os.environ.get("ACCEL_LINT_NO_PROJECT"):
+        return project.enable(None)
+    from linter.project.context import Project
+    from linter.project.root import find_root
+
+    root = find_root(list(paths))
+    project.enable(Project(root) if root is not None else None)
 
 
 def _check(paths, resolver, mode, printer, no_cache) -> int:

@@ -7,7 +7,6 @@ return plain values; the main process owns the cache and all printing.
 
 from __future__ import annotations
 
-import ast
 import os
 import re
 import sys
@@ -17,9 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from linter.config import Settings
-from linter.selection import PARSE_ERROR
+from linter.reporting import file_error, shown_path, unified_diff
 from linter.source import FileChanged, SourceError, decode, read_bytes, write_atomic
-from linter.types import Diagnostic, Position
+from linter.types import Diagnostic
 
 if TYPE_CHECKING:
     from linter.cache import Cache
@@ -55,6 +54,7 @@ class FileResult:
     diff: str = ""
     error: str | None = None  # an internal error: reported with the file name, exit 2
     cacheable: bool = True
+    deps: list = field(default_factory=list)  # project modules read: (path, summary key)
 
 
 @dataclass
@@ -78,15 +78,6 @@ class Report:
     @property
     def diffs(self) -> list[str]:
         return [r.diff for r in sorted(self.results, key=lambda r: r.shown) if r.diff]
-
-
-def shown_path(path: Path) -> str:
-    """Relative to the working directory when under it (as ruff prints), else as given."""
-    absolute = os.path.abspath(path)
-    cwd = os.getcwd()
-    if absolute.startswith(cwd + os.sep):
-        return os.path.relpath(absolute, cwd)
-    return str(path)
 
 
 @dataclass
@@ -142,8 +133,9 @@ def _plan(
     codes = settings.codes_for(path)
     if cache:  # the cache module (hashlib, json) is loaded only by runs that use it
         from linter import cache as cache_mod
+        from linter import project
 
-        key = cache_mod.codes_key(codes, settings.hints)
+        key = cache_mod.codes_key(codes, settings.hints, project.current() is not None)
     else:
         key = ""
     try:
@@ -167,7 +159,7 @@ def _plan(
     digest = cache_mod.digest(data) if cache else ""
     cached = cache.by_content(absolute, digest, key, shown) if cache and stat else None
     if cached is not None and not _needs_fixing(cached, mode, settings.unsafe_fixes):
-        cache.store(absolute, stat, digest, key, cached)  # remember the new mtime
+        cache.store(absolute, stat, digest, key, cached, cache.deps_of(absolute))  # new mtime
         return FileResult(shown, cached)
     job = Job(shown, absolute, data, codes, mode, settings.unsafe_fixes, settings.hints)
     return _Pending(job, stat, digest, key)
@@ -190,7 +182,7 @@ def _remember(cache, item: _Pending, result: FileResult) -> None:
         digest = cache_mod.digest(read_bytes(job.absolute))
     elif result.fixed:
         return  # --diff: the remaining diagnostics are those of text that was not written
-    cache.store(job.absolute, stat, digest, item.key, result.diagnostics)
+    cache.store(job.absolute, stat, digest, item.key, result.diagnostics, result.deps)
 
 
 def _execute(jobs: list[Job]) -> list[FileResult]:
@@ -202,6 +194,10 @@ def _execute(jobs: list[Job]) -> list[FileResult]:
     from linter.analysis import load
 
     load()  # libcst, the model and the rules: imported once here, inherited by forked workers
+    from linter import project
+
+    if project.current() is not None:
+        project.current().prepare()  # the importer index, built once for every worker
 
     workers = min(os.cpu_count() or 1, max(1, len(jobs) // 8))
     method = "fork" if sys.platform == "linux" else None
@@ -217,9 +213,7 @@ def lint_job(job: Job) -> FileResult:
     from linter.text import check_source
 
     if job.absolute.endswith(".ipynb"):
-        from linter.notebooks import lint_notebook_job
-
-        return _guarded(job, lint_notebook_job)
+        return _guarded(job, _lint_notebook)
     try:
         source = decode(job.data)
     except SourceError as exc:
@@ -234,6 +228,7 @@ def lint_job(job: Job) -> FileResult:
             source.text, job.shown, job.codes, fix, source.newline, hints=job.hints
         )
         result = FileResult(job.shown, checked.diagnostics, checked.fixes_applied)
+        result.deps = _project_deps(job.absolute)
         result.error = checked.error
         result.cacheable = checked.error is None  # a fix error is reported again on every run
         if checked.fixed is not None and checked.fixed != source.text:
@@ -248,6 +243,38 @@ def lint_job(job: Job) -> FileResult:
         return result
 
     return _guarded(job, lint)
+
+
+def _lint_notebook(job: Job) -> FileResult:
+    """A notebook's job: read, lint, and write or diff the changed cells."""
+    from linter import notebooks
+
+    try:
+        text = job.data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        error = notebooks.NotebookError(f"not UTF-8 ({exc.reason} at byte {exc.start})")
+        return FileResult(job.shown, [notebooks.notebook_error(job.shown, error)])
+    fix = "none" if job.mode == "none" else "unsafe" if job.unsafe else "safe"
+    checked = notebooks.lint_notebook_text(text, job.shown, job.codes, fix, job.hints)
+    result = FileResult(job.shown, checked.diagnostics, checked.fixes_applied)
+    result.error = checked.error
+    result.cacheable = checked.error is None
+    if checked.fixed is not None and checked.fixed != text:
+        if job.mode == "write":
+            if not _write(job.absolute, checked.fixed.encode("utf-8"), result, expected=job.data):
+                result.fixed = 0  # the notebook still holds the unfixed cells and their findings
+                unfixed = notebooks.lint_notebook_text(text, job.shown, job.codes, hints=job.hints)
+                result.diagnostics = unfixed.diagnostics
+        else:
+            result.diff = notebooks.cell_diff(job.shown, text, checked.fixed)
+    return result
+
+
+def _project_deps(path: str) -> list:
+    from linter import project
+
+    current = project.current()
+    return list(current.used.get(path, ())) if current is not None else []
 
 
 def _guarded(job: Job, lint) -> FileResult:
@@ -279,40 +306,3 @@ def _write(path: str, data: bytes, result: FileResult, expected: bytes | None = 
         return True
     result.cacheable = False
     return False
-
-
-def syntax_error(text: str, shown: str, failure) -> Diagnostic:
-    """ACL000 worded and placed by CPython's own parser when it agrees the file is invalid
-    (its messages are clearer than libcst's), else by libcst."""
-    try:
-        found = _cpython_syntax_error(text, shown)
-    except (ValueError, OverflowError):
-        found = None  # e.g. a null byte: fall back to libcst's account
-    if found is not None:
-        return found
-    at = Position(failure.line, failure.column)
-    return Diagnostic(PARSE_ERROR, f"SyntaxError: {failure.message}", shown, at, at)
-
-
-def _cpython_syntax_error(source: str | bytes, shown: str) -> Diagnostic | None:
-    try:
-        compile(source, shown, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
-    except SyntaxError as error:
-        start = Position(error.lineno or 1, max(0, (error.offset or 1) - 1))
-        end = Position(error.end_lineno or start.line, max(0, (error.end_offset or 1) - 1))
-        return Diagnostic(PARSE_ERROR, f"SyntaxError: {error.msg}", shown, start, max(start, end))
-    return None
-
-
-def file_error(shown: str, message: str, line: int = 1) -> Diagnostic:
-    at = Position(line, 0)
-    return Diagnostic(PARSE_ERROR, message, shown, at, at)
-
-
-def unified_diff(shown: str, before: str, after: str) -> str:
-    import difflib
-
-    lines = difflib.unified_diff(
-        before.splitlines(keepends=True), after.splitlines(keepends=True), shown, shown
-    )
-    return "".join(line if line.endswith(("\n", "\r")) else line + "\n" for line in lines)

@@ -1,0 +1,446 @@
+"""A file's context in its project: the other modules' definitions its training step uses.
+
+Two directions, both bounded:
+- what the file imports from the project (`from util.misc import NativeScaler`, `import
+  util.misc as misc` then `misc.ddp_sync(...)`, `from .losses import masked_loss`): the
+  definitions it names, and the same module's definitions those call (depth 2);
+- who calls the file's own loop functions from another module of the project (`main.py`
+  calling `engine.train_one_epoch(model, ...)` after `model = DDP(model)`): those callers,
+  with what they import from the project in turn.
+
+The context is appended after the file as plain Python; the file's own text keeps every
+position (a module attribute `misc.ddp_sync` is read as the same-length `misc_ddp_sync`, the
+name the appended copy gets). Nothing found in the context is reported: findings and fixes stay
+in the file, and a message that names a line of the context names the other file instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from linter.project.resolve import Modules
+from linter.project.summary import Definition, ModuleSummary, summarize
+
+MAX_MODULE_BYTES = 1_000_000  # a bigger module is not read (generated code, data)
+MAX_PROJECT_FILES = 20_000  # files the importer index reads at most
+MAX_CALLERS = 4  # modules whose calls of the file's functions are followed
+MAX_CONTEXT_LINES = 4_000  # lines appended at most
+MAX_DEPTH = 2  # a definition's own helpers are followed once
+HEADER = "# ---- accel-lint: project context (other modules; never reported) ----"
+_SKIP_DIRS = {
+    ".git", ".hg", ".venv", "venv", "env", "node_modules", "__pycache__", "build", "dist",
+    "site-packages", ".tox", ".nox", ".mypy_cache", ".ruff_cache", ".accel_lint_cache",
+}  # fmt: skip
+_IMPORT_LINE = re.compile(
+    rb"^[ \t]*(?:from[ \t]+([\w.]+)[ \t]+import|import[ \t]+([\w., \t]+))", re.M
+)
+
+
+@dataclass(frozen=True)
+class Origin:
+    start: int  # first line of the chunk in the combined text
+    end: int
+    path: str  # the other module, as shown (relative to the project root)
+    line: int  # its line for `start`
+    name: str  # the definition's name there
+
+
+@dataclass
+class Context:
+    """The combined text and how to map what the model says about it back to the file."""
+
+    text: str
+    base: int  # lines of the file itself; a line above this is in the context
+    origins: list[Origin] = field(default_factory=list)
+    renames: dict[str, str] = field(default_factory=dict)  # name in the text -> as written
+    facts: list[dict] = field(default_factory=list)
+    deps: list[tuple[str, str, str]] = field(default_factory=list)  # path, digest, summary key
+    notes: list[str] = field(default_factory=list)
+
+    def locate(self, line: int) -> tuple[str, int] | None:
+        """The other module's file and line for a line of the context (None in the file)."""
+        for origin in self.origins:
+            if origin.start <= line <= origin.end:
+                return origin.path, origin.line + line - origin.start
+        return None
+
+    def names(self, text: str) -> str:
+        """Code of the combined text with the context's names as the file wrote them."""
+        for new, old in self.renames.items():
+            if new in text:
+                text = re.sub(rf"\b{re.escape(new)}\b", old, text)
+        return text
+
+    def words(self, text: str) -> str:
+        """A message of the combined text in the file's words: the context's lines as
+        `file:line`, its names as the file wrote them."""
+        text = self.names(text)
+
+        def place(match: re.Match) -> str:
+            found = self.locate(int(match.group(2)))
+            return match.group(0) if found is None else f"{found[0]}:{found[1]}"
+
+        return re.sub(r"\b(line) (\d+)\b", place, text)
+
+    @property
+    def key(self) -> str:
+        """The hash of the summaries used: part of the file's cache key."""
+        digest = hashlib.sha256()
+        for path, _, summary_key in sorted(self.deps):
+            digest.update(f"{path}\0{summary_key}\0".encode())
+        return digest.hexdigest()[:16]
+
+
+class Project:
+    """One project's modules, summarised once per content (a run, or a server session)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.modules = Modules(root)
+        self._summaries: dict[str, tuple[tuple[int, int], ModuleSummary | None]] = {}
+        self._by_digest: dict[str, ModuleSummary] = {}
+        self._importers: dict[str, list[str]] | None = None
+        self.notes: list[str] = []
+        # path -> the other modules its last context consulted: (path, summary key)
+        self.used: dict[str, list[tuple[str, str]]] = {}
+
+    # summaries --------------------------------------------------------------------------
+    def summary(self, path: str) -> ModuleSummary | None:
+        """The module's summary (None: unreadable or too large, with a note)."""
+        try:
+            stat = os.stat(path)
+        except OSError:
+            return None
+        known = self._summaries.get(path)
+        if known is not None and known[0] == (stat.st_mtime_ns, stat.st_size):
+            return known[1]
+        found = None
+        if stat.st_size > MAX_MODULE_BYTES:
+            self.notes.append(f"{self.shown(path)}: not read for the project (over 1 MB)")
+        else:
+            try:
+                data = Path(path).read_bytes()
+            except OSError:
+                data = None
+            if data is not None:
+                found = self.summary_of(path, data.decode("utf-8", "replace"))
+        self._summaries[path] = ((stat.st_mtime_ns, stat.st_size), found)
+        return found
+
+    def summary_of(self, path: str, text: str) -> ModuleSummary:
+        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+        found = self._by_digest.get(digest)
+        if found is None or found.path != path:
+            found = summarize(path, text, digest, self.modules.package_of(path))
+            self._by_digest[digest] = found
+            if found.error:
+                self.notes.append(f"{self.shown(path)}: {found.error}; nothing learnt from it")
+        return found
+
+    def shown(self, path: str) -> str:
+        try:
+            return Path(path).relative_to(self.root).as_posix()
+        except ValueError:
+            return path
+
+    # who imports a module ------------------------------------------------------------------
+    def importers(self, last: str) -> list[str]:
+        """Project files with an import statement naming `last` (a module's last component)."""
+        if self._importers is None:
+            self._importers = self._index()
+        return self._importers.get(last, [])
+
+    def prepare(self) -> None:
+        """Build the importer index now (before a process pool forks, so workers share it)."""
+        if self._importers is None:
+            self._importers = self._index()
+
+    def _index(self) -> dict[str, list[str]]:
+        index: dict[str, list[str]] = {}
+        count = 0
+        for directory, dirs, files in os.walk(self.root):
+            dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
+            for name in sorted(files):
+                if not name.endswith(".py"):
+                    continue
+                count += 1
+                if count > MAX_PROJECT_FILES:
+                    self.notes.append(
+                        f"project: only the first {MAX_PROJECT_FILES} files were searched "
+                        "for callers"
+                    )
+                    return index
+                path = os.path.join(directory, name)
+                try:
+                    if os.path.getsize(path) > MAX_MODULE_BYTES:
+                        continue
+                    data = Path(path).read_bytes()
+                except OSError:
+                    continue
+                words: set[str] = set()
+                for match in _IMPORT_LINE.finditer(data):
+                    text = (match.group(1) or match.group(2) or b"").decode("ascii", "ignore")
+                    words.update(re.findall(r"\w+", text))
+                if match_from := re.findall(
+                    rb"^[ \t]*from[ \t]+[\w.]*[ \t]+import[ \t]+\(?([\w, \t]+)", data, re.M
+                ):
+                    for names in match_from:
+                        words.update(re.findall(r"\w+", names.decode("ascii", "ignore")))
+                for word in words:
+                    index.setdefault(word, []).append(path)
+        return index
+
+    # the context of one file -------------------------------------------------------------
+    def context(self, path: str, text: str) -> Context | None:
+        """The file's context, or None when the project adds nothing to it."""
+        if not _inside(Path(path), self.root):
+            self.used[path] = []
+            return None
+        builder = _Builder(self, path, text)
+        found = builder.build()
+        self.used[path] = sorted(builder.consulted.items())
+        return found
+
+    def still_valid(self, deps) -> bool:
+        """Whether the modules a cached result consulted still summarise the same."""
+        for path, key in deps:
+            found = self.summary(path)
+            if (found.key if found is not None else "") != key:
+                return False
+        return True
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.relative_to(root)
+    except ValueError:
+        return False
+    return True
+
+
+class _Builder:
+    def __init__(self, project: Project, path: str, text: str) -> None:
+        self.project = project
+        self.modules = project.modules
+        self.path = path
+        self.text = text
+        self.own = project.summary_of(path, text)
+        self.taken: set[str] = set(self.own.bound)
+        self.chunks: list[tuple[list[str], str, int, str]] = []  # lines, path, line, name
+        self.import_lines: dict[str, tuple[str, int, list[str]]] = {}  # local -> path, line, text
+        self.rewrites: dict[str, str] = {}  # `misc.ddp_sync` -> `misc_ddp_sync`
+        self.context = Context("", 0)
+        self.seen: set[tuple[str, str]] = set()
+        self.consulted: dict[str, str] = {}  # path -> summary key
+        self.lines = 0
+
+    def build(self) -> Context | None:
+        if self.own.error:
+            return None
+        self._imports()
+        self._callers()
+        if not self.chunks:
+            return None
+        return self._assemble()
+
+    # what the file imports ------------------------------------------------------------------
+    def _imports(self) -> None:
+        for imp in self.own.imports:
+            if imp.name is None:
+                target = self.modules.resolve(imp.module, self.path)
+                if target is not None:
+                    self._module_alias(imp.local, target)
+                continue
+            target = self.modules.resolve(imp.module, self.path)
+            summary = self._summary(target)
+            found = summary.definition(imp.name) if summary else None
+            if found is not None:
+                why = f"`{imp.local}` imported from {self.project.shown(target)}"
+                self._add(summary, found, imp.local, why)
+                continue
+            sub = self.modules.resolve(f"{imp.module}.{imp.name}" if imp.module else imp.name)
+            if sub is not None:  # from util import misc
+                self._module_alias(imp.local, sub)
+
+    def _module_alias(self, local: str, target: str) -> None:
+        if target == self.path:
+            return
+        summary = self._summary(target)
+        if summary is None:
+            return
+        pattern = re.compile(rf"(?<![\w.]){re.escape(local)}\.(\w+)\b")
+        for attr in sorted(set(pattern.findall(self.text))):
+            found = summary.definition(attr)
+            if found is None or not found.relevant:
+                continue
+            written = f"{local}.{attr}"
+            name = written.replace(".", "_")  # as long as what it replaces
+            if re.search(rf"\b{re.escape(name)}\b", self.text) or name in self.taken:
+                continue
+            why = f"`{written}` from {self.project.shown(target)}"
+            if self._add(summary, found, name, why, written):
+                self.rewrites[written] = name
+
+    # who calls the file's functions -------------------------------------------------------
+    def _callers(self) -> None:
+        name = self.modules.name_of(self.path)
+        wanted = {d.name for d in self.own.definitions if d.kind == "function" and d.has_loop}
+        if not name or not wanted:
+            return
+        last = name.rsplit(".", 1)[-1]
+        followed = 0
+        for other in self.project.importers(last):
+            if other == self.path or followed >= MAX_CALLERS:
+                continue
+            summary = self._summary(other)
+            if summary is None:
+                continue
+            callees = self._callees_in(summary, other, wanted)
+            if not callees:
+                continue
+            followed += 1
+            for found in summary.definitions:
+                if found.kind != "function" or not (found.calls & callees.keys()):
+                    continue
+                lines = summary.text_of(found)
+                for written, own_name in callees.items():
+                    if written != own_name:
+                        pattern = rf"(?<![\w.]){re.escape(written)}(?=\s*\()"
+                        lines = [re.sub(pattern, own_name, line) for line in lines]
+                new = f"_accel_lint_caller_{len(self.chunks)}"
+                called = ", ".join(sorted(set(callees.values()) & _called(found, callees)))
+                why = f"`{found.name}` in {self.project.shown(other)} calls `{called}`"
+                self._add(summary, found, new, why, found.name, lines=lines)
+                self._dependencies(summary, other, "\n".join(lines))
+
+    def _callees_in(self, summary: ModuleSummary, other: str, wanted: set[str]) -> dict:
+        """How `other` writes calls of the file's functions: callee text -> own name."""
+        found = {}
+        for imp in summary.imports:
+            if imp.name is not None:
+                if self.modules.resolve(imp.module, other) == self.path and imp.name in wanted:
+                    found[imp.local] = imp.name
+                    continue
+                sub = f"{imp.module}.{imp.name}" if imp.module else imp.name
+                if self.modules.resolve(sub, other) != self.path:
+                    continue
+            elif self.modules.resolve(imp.module, other) != self.path:
+                continue
+            for own_name in wanted:
+                found[f"{imp.local}.{own_name}"] = own_name
+        return found
+
+    def _dependencies(self, summary: ModuleSummary, path: str, text: str) -> None:
+        """What a caller uses from its own project imports (its scaler class, its DDP helper)."""
+        for imp in summary.imports:
+            if imp.name is None or not re.search(rf"\b{re.escape(imp.local)}\b", text):
+                continue
+            target = self.modules.resolve(imp.module, path)
+            if target is None or target == self.path:
+                continue
+            other = self._summary(target)
+            found = other.definition(imp.name) if other else None
+            if found is not None and found.relevant:
+                why = f"`{imp.local}` imported from {self.project.shown(target)}"
+                self._add(other, found, imp.local, why)
+
+    # adding a definition ------------------------------------------------------------------
+    def _add(
+        self,
+        summary: ModuleSummary,
+        found: Definition,
+        name: str,
+        why: str,
+        written: str | None = None,
+        lines: list[str] | None = None,
+        depth: int = 1,
+    ) -> bool:
+        if (summary.path, found.name) in self.seen:
+            return True
+        if not found.relevant or name in self.taken:
+            return False
+        lines = summary.text_of(found) if lines is None else lines
+        if self.lines + len(lines) > MAX_CONTEXT_LINES:
+            self.context.notes.append(f"project context full: {why} was not read")
+            return False
+        self.seen.add((summary.path, found.name))
+        self.taken.add(name)
+        at = found.line - found.first_line
+        keyword = "class" if found.kind == "class" else "def"
+        lines = list(lines)
+        lines[at] = re.sub(
+            rf"\b{keyword}\s+{re.escape(found.name)}\b", f"{keyword} {name}", lines[at], count=1
+        )
+        self.chunks.append((lines, summary.path, found.first_line, name))
+        self.lines += len(lines) + 1
+        if written is not None and name != written:
+            self.context.renames[name] = written
+        shown = self.project.shown(summary.path)
+        self.context.facts.append(
+            {"fact": why, "definition": found.name, "kind": found.kind, "file": shown,
+             "line": found.line}
+        )  # fmt: skip
+        self.context.deps.append((summary.path, summary.digest, summary.key))
+        self._third_party(summary, "\n".join(lines))
+        if depth < MAX_DEPTH:
+            for callee in sorted(found.calls):
+                helper = summary.definition(callee) if "." not in callee else None
+                if helper is not None and helper.relevant and helper.name != found.name:
+                    self._add(summary, helper, callee, f"`{callee}` used by `{found.name}` in "
+                              f"{shown}", depth=depth + 1)  # fmt: skip
+        return True
+
+    def _third_party(self, summary: ModuleSummary, text: str) -> None:
+        """The other module's imports of libraries that the copied text uses (`DDP`, `amp`),
+        unless the file binds the same name: the model qualifies names through imports."""
+        for imp in summary.imports:
+            head = imp.local.split(".", 1)[0]
+            if imp.module == "__future__" or head in self.taken or head in self.import_lines:
+                continue
+            if not re.search(rf"\b{re.escape(head)}\b", text):
+                continue
+            if self.modules.resolve(imp.module, summary.path) is not None or imp.level:
+                continue
+            if imp.name is None:
+                line = f"import {imp.module} as {imp.local}" if imp.local != imp.module else (
+                    f"import {imp.module}")  # fmt: skip
+            else:
+                line = f"from {imp.module} import {imp.name} as {imp.local}"
+            self.import_lines[head] = (summary.path, imp.line, [line])
+
+    def _summary(self, path: str | None) -> ModuleSummary | None:
+        if path is None or path == self.path:
+            return None
+        found = self.project.summary(path)
+        self.consulted[path] = found.key if found is not None else ""
+        return None if found is None or found.error else found
+
+    # the combined text ---------------------------------------------------------------------
+    def _assemble(self) -> Context:
+        text = self.text
+        for written, name in self.rewrites.items():
+            text = re.sub(rf"(?<![\w.]){re.escape(written)}\b", name, text)
+        prefix = text if text.endswith("\n") else text + "\n"
+        context = self.context
+        context.base = prefix.count("\n")
+        lines = [HEADER]
+        for path, first, copied in self.import_lines.values():
+            start = context.base + len(lines) + 1
+            context.origins.append(Origin(start, start, self.project.shown(path), first, ""))
+            lines.extend(copied)
+        for copied, path, first, name in self.chunks:
+            start = context.base + len(lines) + 1
+            end = start + len(copied) - 1
+            context.origins.append(Origin(start, end, self.project.shown(path), first, name))
+            lines.extend(copied)
+            lines.append("")
+        context.text = prefix + "\n".join(lines) + "\n"
+        return context
+
+
+def _called(found: Definition, callees: dict[str, str]) -> set[str]:
+    return {callees[c] for c in found.calls if c in callees}

@@ -1,0 +1,163 @@
+"""A module's summary: its imports and top-level definitions, as small plain frozen data.
+
+Read with Python's `ast` (a C parser: a module costs about a millisecond), cached by the
+module's content hash. What a definition *does* to a training step is not decided here: the
+context hands its text to the training-loop model, which reads it as it reads the file's own
+functions, so the two can never disagree. A summary only says which definitions exist, where
+(file and line), what they call, and whether they touch training at all (`relevant`).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import re
+from dataclasses import dataclass
+
+# A definition worth handing to the model: it backpropagates, steps, scales, clips, syncs,
+# wraps in DDP, reduces a loss, pads or ignores labels, or defines command-line defaults.
+_RELEVANT = re.compile(
+    r"backward\s*\(|\.step\s*\(|no_sync|GradScaler|\bscale\s*\(|unscale_|clip_grad|autocast"
+    r"|DistributedDataParallel|\bDDP\b|add_argument|ignore_index|-100\b|reduction\s*="
+    r"|cross_entropy|nll_loss|zero_grad|gradient_accumulation|accum"
+)
+
+
+@dataclass(frozen=True)
+class Import:
+    """`local` is the text the module uses: `misc` (import util.misc as misc), `util.misc`
+    (import util.misc), `NativeScaler` (from util.misc import NativeScalerX as NativeScaler)."""
+
+    local: str
+    module: str  # absolute dotted name ("" only for an unresolvable relative import)
+    name: str | None  # the imported name of a `from` import, None for `import`
+    line: int
+    end_line: int
+    level: int = 0
+
+
+@dataclass(frozen=True)
+class Definition:
+    name: str
+    kind: str  # "function" | "class"
+    first_line: int  # its first decorator's line, else `line`
+    line: int  # the `def`/`class` line
+    end_line: int
+    calls: frozenset[str]  # dotted texts of the callees (`misc.ddp_sync`, `get_args_parser`)
+    relevant: bool
+    has_loop: bool
+
+
+@dataclass(frozen=True)
+class ModuleSummary:
+    path: str
+    digest: str  # of the module's bytes
+    imports: tuple[Import, ...]
+    definitions: tuple[Definition, ...]
+    lines: tuple[str, ...]
+    bound: frozenset[str] = frozenset()  # every name the module binds at its top level
+    error: str | None = None  # the module does not parse: nothing is learnt from it
+
+    def definition(self, name: str) -> Definition | None:
+        for found in self.definitions:
+            if found.name == name:
+                return found
+        return None
+
+    def text_of(self, definition: Definition) -> list[str]:
+        return list(self.lines[definition.first_line - 1 : definition.end_line])
+
+    @property
+    def key(self) -> str:
+        """What importers' findings depend on: the definitions and imports, not the rest."""
+        parts = [repr(self.imports), self.error or ""]
+        for found in self.definitions:
+            parts.append(repr(found))
+            parts.extend(self.text_of(found))
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def summarize(path: str, text: str, digest: str, package: str) -> ModuleSummary:
+    """The summary of one module's text; `package` is the dotted package it lives in (for
+    relative imports)."""
+    lines = tuple(text.split("\n"))
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
+        return ModuleSummary(path, digest, (), (), lines, error=f"does not parse: {error}")
+    imports: list[Import] = []
+    definitions: list[Definition] = []
+    bound: set[str] = set()
+    for node in tree.body:
+        bound.update(_bound_by(node))
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                local = alias.asname or alias.name
+                imports.append(Import(local, alias.name, None, node.lineno, node.end_lineno))
+        elif isinstance(node, ast.ImportFrom):
+            module = _absolute(node.module, node.level, package)
+            for alias in node.names:
+                if alias.name == "*":
+                    continue
+                local = alias.asname or alias.name
+                end = node.end_lineno or node.lineno
+                imports.append(Import(local, module, alias.name, node.lineno, end, node.level))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            definitions.append(_definition(node, lines))
+    return ModuleSummary(path, digest, tuple(imports), tuple(definitions), lines, frozenset(bound))
+
+
+def _bound_by(node: ast.stmt) -> set[str]:
+    """The names a top-level statement binds (inside its `if`/`try`/`with` blocks too, not
+    inside the functions and classes it defines)."""
+    found, stack = set(), [node]
+    while stack:
+        sub = stack.pop()
+        if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+            found.add(sub.id)
+        elif isinstance(sub, ast.alias):
+            found.add((sub.asname or sub.name).split(".", 1)[0])
+        if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.add(sub.name)
+            continue
+        stack.extend(ast.iter_child_nodes(sub))
+    return found
+
+
+def _definition(node, lines: tuple[str, ...]) -> Definition:
+    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    end = node.end_lineno or node.lineno
+    calls, has_loop = set(), False
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call):
+            text = _dotted(sub.func)
+            if text is not None:
+                calls.add(text)
+        elif isinstance(sub, (ast.For, ast.While, ast.AsyncFor)):
+            has_loop = True
+    kind = "class" if isinstance(node, ast.ClassDef) else "function"
+    relevant = bool(_RELEVANT.search("\n".join(lines[first - 1 : end])))
+    return Definition(
+        node.name, kind, first, node.lineno, end, frozenset(calls), relevant, has_loop
+    )
+
+
+def _dotted(node: ast.expr) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def _absolute(module: str | None, level: int, package: str) -> str:
+    if level == 0:
+        return module or ""
+    base = package.split(".") if package else []
+    if level - 1 > len(base):
+        return ""
+    base = base[: len(base) - (level - 1)]
+    return ".".join([*base, *([module] if module else [])])
