@@ -6,6 +6,7 @@ import libcst as cst
 
 from linter.context import make_fix
 from linter.model.accumulation import divides_like_engine
+from linter.model.config_space import k_configuration
 from linter.model.cst_util import code, dotted, int_value, strip_parens
 from linter.model.loops import same_path
 from linter.types import Edit, Position
@@ -121,7 +122,20 @@ def _report_engine(ctx, site) -> None:
         edits = [edit, *_named_division_edits(ctx, site, engine, loss)]
         fix = make_fix(f"Use `{engine}.backward(...)`", *edits)
     facts = _what_is_bypassed(model, site, name)
-    ctx.report(site.call, f"raw backward bypasses `{name}.backward(loss)`: {facts}", fix)
+    ctx.report(
+        site.call,
+        f"raw backward bypasses `{name}.backward(loss)`: {facts}",
+        fix,
+        configuration=_k_configuration(model, name, site),
+    )
+
+
+def _k_configuration(model, name: str, site):
+    """Under an fp32 engine the bypass costs only K's division: it is real when K > 1."""
+    engine = model.engine_for(name, site.stmt.scope)
+    if engine is None or engine.accum is None or engine.mixed_precision != "no":
+        return None
+    return k_configuration(model, engine.accum)
 
 
 def _what_is_bypassed(model, site, name: str) -> str:

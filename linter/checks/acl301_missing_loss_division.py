@@ -7,6 +7,7 @@ import re
 import libcst as cst
 
 from linter.context import make_fix
+from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code, dotted, int_value, strip_parens, walk
 from linter.model.evaluation import names_a_model
 from linter.model.loops import same_path
@@ -157,6 +158,7 @@ def _report(ctx, gate, site, flow) -> None:
         "the window's mean loss",
         fix,
         notes=tuple(notes),
+        configuration=gate_configuration(model, gate, site.stmt.scope),
     )
 
 

@@ -6,6 +6,7 @@ import libcst as cst
 
 from linter.context import RuleContext, make_fix
 from linter.model import accumulation
+from linter.model.config_space import k_configuration
 from linter.model.cst_util import code, dotted, int_value, strip_parens, walk
 from linter.model.dataflow import Flow
 from linter.model.functions import Def, Stmt
@@ -105,6 +106,7 @@ def _report(ctx: RuleContext, site, engine: str, flow: Flow, repeated) -> None:
         "weighs 1/K² instead of 1/K)",
         fix,
         notes=notes,
+        configuration=k_configuration(ctx.model, k, site.stmt.scope),
     )
 
 

@@ -7,6 +7,7 @@ import libcst as cst
 from linter.checks import _moves as moves
 from linter.context import make_fix
 from linter.model import windows
+from linter.model.config_space import gate_configuration, k_configuration
 from linter.model.cst_util import code, dotted, walk
 
 
@@ -16,6 +17,7 @@ def check(ctx) -> None:
     for loop in model.loops:
         found = []
         gates = {}  # id(site) -> its manual gate
+        configs = {}  # id(site) -> the configuration of the K it depends on
         for site in loop.of_kind("clip", "unscale"):
             if model.on_update_step(loop, site.stmt, site.call):
                 continue
@@ -25,18 +27,20 @@ def check(ctx) -> None:
             if regions:
                 receiver = regions[-1].receiver or "accelerator"
                 found.append((site, f"{receiver}.sync_gradients", f"`{receiver}.accumulate`"))
+                configs[id(site)] = k_configuration(model, model.engine_k(receiver))
             else:
                 gate = model.gate_for(loop, site.stmt)
                 if _gated_manually(model, gate, site):
                     found.append((site, _condition(gate), "a manual accumulation loop"))
                     gates[id(site)] = gate
+                    configs[id(site)] = gate_configuration(model, gate, site.stmt.scope)
         whole = _whole_ifs(found)
         for run in _runs(found):
             unit = whole.get(id(run[0][0]))
             anchor = _step_anchor(model, loop, gates.get(id(run[0][0])), run)
             if unit is not None and anchor is not None:
                 anchor = _STAYS  # a whole `if` statement does not move
-            _report_run(ctx, run, anchor, unit)
+            _report_run(ctx, run, anchor, unit, configs)
 
 
 def _accumulates_once(model, receiver) -> bool:
@@ -237,7 +241,7 @@ def _frames_outside(stmt, node) -> list[int]:
     return ids
 
 
-def _report_run(ctx, run, anchor=None, unit=None) -> None:
+def _report_run(ctx, run, anchor=None, unit=None, configs=None) -> None:
     """One fix for the run: move it before the step `anchor`, or gate it where it stands (a
     whole `if` statement `unit` when its branches are the run)."""
     condition = run[0][1]
@@ -254,10 +258,10 @@ def _report_run(ctx, run, anchor=None, unit=None) -> None:
         edit = ctx.wrap_in_if(lines, condition)
         fix = make_fix(f"Run it only when `{condition}`", edit)
     for site, _, where in run:
-        _report(ctx, site, condition, where, fix)
+        _report(ctx, site, condition, where, fix, (configs or {}).get(id(site)))
 
 
-def _report(ctx, site, condition: str | None, where: str, fix) -> None:
+def _report(ctx, site, condition: str | None, where: str, fix, configuration=None) -> None:
     name = site.call.func
     label = code(name.attr if hasattr(name, "attr") else name)
     hint = f"gate it on `{condition}`" if condition else "move it to the optimizer-step branch"
@@ -266,6 +270,7 @@ def _report(ctx, site, condition: str | None, where: str, fix) -> None:
         f"`{label}` runs on every micro-step in {where}, not only when the optimizer steps: "
         f"it clips/unscales partial gradient sums ({hint})",
         fix,
+        configuration=configuration,
     )
 
 

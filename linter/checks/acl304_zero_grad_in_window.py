@@ -5,6 +5,7 @@ from __future__ import annotations
 from linter.checks import _moves
 from linter.context import make_fix
 from linter.model import windows
+from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code
 
 
@@ -92,6 +93,9 @@ def _report(ctx, loop, site, steps, where: str) -> None:
         "micro-batches, so each update sees only the last one",
         fix,
         notes=notes,
+        configuration=gate_configuration(
+            ctx.model, ctx.model.gate_for(loop, site.stmt), loop.scope
+        ),
     )
 
 

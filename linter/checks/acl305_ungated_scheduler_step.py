@@ -6,6 +6,7 @@ from __future__ import annotations
 from linter.checks import _moves
 from linter.context import make_fix
 from linter.model import schedules, windows
+from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code
 
 
@@ -60,6 +61,9 @@ def _report_ungated(ctx, loop, site) -> None:
         f"the schedule{length} advances K times per update (warm-up and decay run K times too "
         "fast)",
         fix,
+        configuration=gate_configuration(
+            ctx.model, ctx.model.gate_for(loop, site.stmt), loop.scope
+        ),
     )
 
 

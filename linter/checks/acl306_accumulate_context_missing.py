@@ -6,6 +6,7 @@ import libcst as cst
 
 from linter.context import RuleContext, make_fix
 from linter.model import accumulation
+from linter.model.config_space import k_configuration
 from linter.model.cst_util import code, int_value, walk
 from linter.types import Edit, Position
 
@@ -80,6 +81,7 @@ def _report(ctx: RuleContext, loop, site, configured) -> None:
         f"steps on every batch, with 1/{n} of the gradient",
         fix,
         notes=(note,) if note else (),
+        configuration=k_configuration(ctx.model, k),
     )
 
 

@@ -6,6 +6,7 @@ import libcst as cst
 
 from linter.context import make_fix
 from linter.model import windows
+from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code
 
 
@@ -69,6 +70,7 @@ def _report(ctx, window) -> None:
         f"reach the optimizer in their epoch ({fate})",
         fix,
         notes=notes,
+        configuration=gate_configuration(ctx.model, window.gate, window.scope),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code
 from linter.model.losses import accumulates, token_means
 
@@ -20,7 +21,8 @@ def check(ctx) -> None:
             for found in token_means(model, site):
                 if id(found.node) not in reported:
                     reported.add(id(found.node))
-                    ctx.report(found.node, _message(found, k))
+                    config = gate_configuration(model, gate, site.stmt.scope)
+                    ctx.report(found.node, _message(found, k), configuration=config)
 
 
 def _message(found, k) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code
 from linter.model.schedules import (
     accumulation_value,
@@ -17,11 +18,19 @@ def check(ctx) -> None:
     """Report each schedule whose length counts the wrong thing (one finding, both reasons)."""
     model = ctx.model
     for schedule in schedules(model):
-        reasons = [r for r in (_per_process(ctx, schedule), _micro_batches(ctx, schedule)) if r]
+        per_process = _per_process(ctx, schedule)
+        micro, loop = _micro_batches(ctx, schedule)
+        reasons = [r for r in (per_process, micro) if r]
         if reasons:
+            # K's setting decides the micro-batch reason alone; a per-process length is wrong
+            # whenever more than one process runs, whatever the script's flags
+            config = None
+            if per_process is None and loop is not None:
+                config = gate_configuration(model, loop.gate, loop.scope)
             ctx.report(
                 schedule.length,
                 f"`{schedule.parameter}` of `{schedule.name}`: " + "; and ".join(reasons),
+                configuration=config,
             )
 
 
@@ -48,10 +57,10 @@ def _per_process(ctx, schedule) -> str | None:
     return None
 
 
-def _micro_batches(ctx, schedule) -> str | None:
+def _micro_batches(ctx, schedule):
     """A `len(loader)`-based length not divided by K, for a scheduler that advances once per
     optimizer step. A scheduler stepped on every micro-step is ACL305's finding (and then a
-    length in micro-batches matches it)."""
+    length in micro-batches matches it). Returns (the reason, the loop it is about)."""
     model = ctx.model
     for loop, site in schedule.steps:
         k = accumulation_value(model, loop)
@@ -65,5 +74,5 @@ def _micro_batches(ctx, schedule) -> str | None:
                     f"per optimizer step (line {ctx.line_of(site.call)}), so it runs K times too "
                     "slowly and never reaches its end. Count optimizer steps: "
                     f"`math.ceil({code(found.call)} / {code(k)})` per epoch"
-                )
-    return None
+                ), loop
+    return None, None

@@ -8,6 +8,7 @@ import libcst as cst
 
 from linter.context import RuleContext
 from linter.model import accumulation
+from linter.model.config_space import k_configuration
 from linter.model.cst_util import code, dotted, keyword, string_value, strip_parens, walk
 
 _LR_NAME = re.compile(r"(^|\W|_)(lr|learning_rate)(\W|_|$)", re.I)
@@ -25,6 +26,7 @@ def check(ctx: RuleContext) -> None:
                 f"`weight_decay` is scaled by the accumulation steps `{code(k)}`: the optimizer "
                 "applies weight decay once per step, on the averaged gradient, so scaling it by "
                 "K makes regularisation K times off the large-batch run; use the unscaled value",
+                configuration=k_configuration(model, k, stmt.scope),
             )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from linter.context import make_fix
 from linter.model import windows
+from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code
 
 
@@ -31,6 +32,7 @@ def _report(ctx, window) -> None:
         f"2 * {k}, ..., so the first update averages the wrong number of micro-batches and "
         "every later window is shifted",
         fix,
+        configuration=gate_configuration(ctx.model, window.gate, window.scope),
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from linter.context import RuleContext
 from linter.model import accumulation, k_reads
+from linter.model.config_space import k_configuration
 from linter.model.cst_util import code
 
 # Reads that show K is applied somewhere (or may be, out of sight).
@@ -33,4 +34,5 @@ def check(ctx: RuleContext) -> None:
         "steps the optimizer on every micro-batch, so the schedule, learning rate or batch size "
         "computed with it describes batches that never exist; gate the step on it and divide "
         "the loss, or drop it from the arithmetic",
+        configuration=k_configuration(model, read.node, read.stmt.scope),
     )

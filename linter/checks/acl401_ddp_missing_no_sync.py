@@ -9,6 +9,7 @@ import libcst as cst
 from linter.context import make_fix
 from linter.model import distributed as dist
 from linter.model import fsdp2_models as fsdp2
+from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code, dotted, int_value, walk
 from linter.types import Edit, Position
 
@@ -69,6 +70,7 @@ def _too_late_regions(ctx, loop, gate) -> bool:
             "DDP decides in forward whether to all-reduce, so every micro-step still all-reduces",
             fix,
             notes=(note,) if note else (),
+            configuration=gate_configuration(model, gate, loop.scope),
         )
     return found
 
@@ -133,6 +135,7 @@ def _missing_no_sync(ctx, loop, gate) -> None:
         "forward and backward of the other micro-steps under `no_sync()`",
         fix,
         notes=(note,) if note else (),
+        configuration=gate_configuration(ctx.model, gate, loop.scope),
     )
 
 
@@ -150,6 +153,7 @@ def _fsdp2_without_sync_switch(ctx, loop, gate) -> None:
             "before the other micro-steps' backward and `True` before the last one's (that "
             "keeps their unsharded gradients in memory until then)",
             severity="info",
+            configuration=gate_configuration(ctx.model, gate, loop.scope),
         )
 
 

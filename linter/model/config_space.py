@@ -149,6 +149,12 @@ class ConfigSpace:
             return self._globals[name]
         top = model.scopes[0] if model is not None else None
         defs = top.defs.get(name, []) if top is not None else []
+        if scope is None and not defs and model is not None:
+            # no scope given (K taken from an engine's call): the one binding of the module
+            defs = [d for s in model.scopes for d in s.defs.get(name, [])]
+            if len(defs) == 1 and defs[0].op == "=" and defs[0].tuple_index is None:
+                return self._knob(defs[0].value, defs[0].stmt.scope, depth + 1)
+            return None
         if len(defs) == 1 and defs[0].op == "=" and defs[0].tuple_index is None:
             return self._knob(defs[0].value, top, depth + 1)
         return None
@@ -215,10 +221,14 @@ def config_space(model) -> ConfigSpace:
 def k_configuration(model, k: cst.CSTNode | None, scope: Scope | None = None):
     """The configuration a finding about accumulation depends on: K read from a knob. A knob
     whose default is at most 1 leaves the default run unaffected (latent); a larger default
-    affects it. None when K is a literal or its source is out of sight."""
+    affects it. None when K is a literal or its source is out of sight. `scope`: where `k` is
+    read (None: found from the module's one binding of a name)."""
     if k is None:
         return None
     knob = config_space(model).knob_for(k, scope)
+    if knob is None:
+        k = _engine_value(model, k)
+        knob = config_space(model).knob_for(k, None) if k is not None else None
     if knob is None or not knob.default_known:
         return None
     default = knob.default
@@ -227,6 +237,27 @@ def k_configuration(model, k: cst.CSTNode | None, scope: Scope | None = None):
     shown = int(default) if float(default).is_integer() else default
     condition = f"with {knob.spelling} > 1 (default {shown})"
     return Configuration(affects_default=default > 1, condition=condition, knobs=(knob.name,))
+
+
+def gate_configuration(model, gate, scope: Scope | None = None):
+    """`k_configuration` of a step gate's K, read in the gate's own function (the caller's loop
+    for a per-batch function), or of the engine's K for an `accumulate()`/`sync` gate and for
+    a loop without a gate of its own."""
+    if gate is None or gate.k is None:
+        return k_configuration(model, model.engine_k(), None)
+    where = gate.caller if gate.caller is not None else scope
+    if gate.kind in ("accumulate", "sync"):
+        where = None  # the engine's K, read where the engine is built
+    return k_configuration(model, gate.k, where)
+
+
+def _engine_value(model, k) -> cst.BaseExpression | None:
+    """The K an engine was built with, for `accelerator.gradient_accumulation_steps`."""
+    node = strip_parens(k) if isinstance(k, cst.BaseExpression) else k
+    if not isinstance(node, cst.Attribute) or node.attr.value != "gradient_accumulation_steps":
+        return None
+    engine = model.engine_for(dotted(node.value), None)
+    return engine.accum if engine is not None and engine.accum is not node else None
 
 
 # --- building -------------------------------------------------------------------------------
