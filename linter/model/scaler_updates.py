@@ -7,7 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from linter.model.cst_util import dotted, last_part, positional
+import libcst as cst
+
+from linter.model.cst_util import dotted, last_part, positional, walk
 from linter.model.functions import Stmt
 from linter.model.loops import Site, same_path
 from linter.model.scaler_protocol import Body, bypassing_steps, helper_stmts
@@ -81,6 +83,8 @@ def missing_updates(model: Model, body: Body) -> list[MissingUpdate]:
             continue  # the engine's optimizer updates the scaler itself
         if covering_update(model, body, site.stmt, site.receiver) is not None:
             continue
+        if _updated_after_the_last_optimizer(model, body, site):
+            continue
         if not body.repeats and _updated_anywhere(model, site.receiver):
             continue  # a wrapper's caller may update through another method
         anchor = update_anchor(model, body, site.receiver, site.stmt)
@@ -91,6 +95,76 @@ def missing_updates(model: Model, body: Body) -> list[MissingUpdate]:
             group.updated_elsewhere = updated_in_other_scopes(model, body, site.receiver)
         group.steps.append(site)
     return list(groups.values())
+
+
+def _updated_after_the_last_optimizer(model: Model, body: Body, step: Site) -> bool:
+    """One `update()` after several `scaler.step(opt_i)` calls, spread over calls: the function
+    steps the optimizer it is handed and updates under a test of its own parameters, and a caller
+    runs it once per optimizer, passing the loop's optimizer and index (coqui's Trainer:
+    `for idx, optimizer in enumerate(self.optimizer): self.optimize(..., optimizer, ..., idx)`
+    with `if optimizer_idx is None or optimizer_idx + 1 == num_optimizers: scaler.update()`).
+    Read in the function that holds the step, also where a caller's loop sees its statements."""
+    own = _as_written(model, step.stmt)
+    args = positional(step.call)
+    if own is None or not isinstance(own.scope.node, cst.FunctionDef) or not args:
+        return False
+    scope = own.scope
+    if not isinstance(args[0], cst.Name) or args[0].value not in scope.params:
+        return False
+    handed = model.argument_sites(scope, args[0].value)
+    for update in updates(model, body, step.receiver):
+        update = _as_written(model, update)
+        if update is None or update.scope is not scope or update.order < own.order:
+            continue
+        if not same_path(update, own):
+            continue
+        for param in _parameters_tested(update, own) - {args[0].value}:
+            for passed, call in model.argument_sites(scope, param):
+                if any(
+                    call is other and _one_loop_binds(call, passed, optimizer)
+                    for optimizer, other in handed
+                ):
+                    return True
+    return False
+
+
+def _as_written(model: Model, stmt: Stmt) -> Stmt | None:
+    """The statement in the function that holds it (not as a caller's loop sees it)."""
+    if getattr(stmt, "via", None) is None:
+        return stmt
+    for scope in model.scopes:
+        for own in scope.stmts:
+            if own.node is stmt.node and getattr(own, "via", None) is None:
+                return own
+    return None
+
+
+def _parameters_tested(update: Stmt, step: Stmt) -> set[str]:
+    """The parameters read by the tests `update` needs beyond those of `step`; empty when such
+    a test reads anything else (a counter, an attribute of `self`)."""
+    around = {id(f.node) for f in step.frames}
+    extra = [
+        f.test
+        for f in update.frames
+        if f.kind in ("if", "exit") and id(f.node) not in around and f.test is not None
+    ]
+    names = {n.value for t in extra for n in walk(t) if isinstance(n, cst.Name)}
+    names -= {"None", "True", "False"}
+    params = set(update.scope.params) - {"self", "cls"}
+    return names if extra and names and names <= params else set()
+
+
+def _one_loop_binds(call: Stmt, *passed: cst.BaseExpression) -> bool:
+    """Whether one `for` around the call binds a name of each expression (`idx, optimizer`)."""
+    for loop in call.loops():
+        if isinstance(loop, cst.For):
+            bound = {n.value for n in walk(loop.target) if isinstance(n, cst.Name)}
+            if all(
+                any(isinstance(n, cst.Name) and n.value in bound for n in walk(expr))
+                for expr in passed
+            ):
+                return True
+    return False
 
 
 def _partial_updates(model: Model, body: Body, scaler: str, anchor: Stmt) -> list[Stmt]:

@@ -314,3 +314,78 @@ def test_caller_updating_once_per_epoch_leaves_no_fix(acl103, at):
     (diagnostic,) = acl103.diagnostics(source)
     assert (diagnostic.start.line, diagnostic.start.column) == at(source, "scaler.step(opt)")
     assert diagnostic.fix is None
+
+
+# --- one update after the last optimizer, the steps spread over calls (holdout3: coqui Trainer) ---
+PER_OPTIMIZER_METHOD = """
+import torch
+
+
+class Trainer:
+    def __init__(self, model, optimizers, loader):
+        self.model = model
+        self.optimizers = optimizers
+        self.loader = loader
+        self.scaler = torch.amp.GradScaler("cuda")
+
+    def optimize(self, batch, optimizer, optimizer_idx=None, num_optimizers=1):
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = self.model(batch, optimizer_idx).mean()
+        self.scaler.scale(loss).backward()
+        self.scaler.step(optimizer)
+        if optimizer_idx is None or optimizer_idx + 1 == num_optimizers:
+            self.scaler.update()
+        optimizer.zero_grad()
+
+    def train_epoch(self):
+        for batch in self.loader:
+            if len(self.optimizers) == 1:
+                self.optimize(batch, self.optimizers[0])
+            else:
+                for idx, optimizer in enumerate(self.optimizers):
+                    self.optimize(batch, optimizer, idx, len(self.optimizers))
+"""
+
+
+def test_update_after_the_last_of_the_optimizers_a_caller_loops_over_is_clean(acl103):
+    assert acl103.findings(PER_OPTIMIZER_METHOD) == []
+
+
+def test_gan_step_function_updating_on_the_last_optimizer_is_clean(acl103):
+    source = """
+    import torch
+
+    scaler = torch.amp.GradScaler("cuda")
+
+
+    def gan_step(real, opt, which, is_last):
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = losses[which](generator, discriminator, real)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        if is_last:
+            scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+
+    for real in loader:
+        optimizers = [d_opt, g_opt]
+        for i, opt in enumerate(optimizers):
+            gan_step(real, opt, i, is_last=i == len(optimizers) - 1)
+    """
+    assert acl103.findings(source) == []
+
+
+def test_update_under_a_logging_flag_of_a_per_optimizer_function_is_flagged(acl103, at):
+    """The flag the caller passes is not the optimizer loop's: the update is a logging branch."""
+    source = (
+        PER_OPTIMIZER_METHOD.replace(
+            "optimizer_idx is None or optimizer_idx + 1 == num_optimizers", "log_scale"
+        )
+        .replace("num_optimizers=1):", "num_optimizers=1, log_scale=False):")
+        .replace(
+            "self.optimize(batch, optimizer, idx, len(self.optimizers))",
+            "self.optimize(batch, optimizer, idx, len(self.optimizers), log_scale=step_log)",
+        )
+    )
+    assert acl103.findings(source) == [("ACL103", *at(source, "self.scaler.step(optimizer)"))]
