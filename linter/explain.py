@@ -34,8 +34,22 @@ def explain_markdown(code: str) -> str:
         f"- {FIX_SAFETY[rule.fix]}\n"
         f"- Detected by: {static} (runtime coverage: {rule.runtime})\n"
         f"{_guard_line(rule)}{_hint_line(rule)}\n"
-        f"{rule.docs.strip()}\n"
+        f"{rule.docs.strip()}\n\n"
+        f"{CONFIGURATION_POLICY}"
     )
+
+
+# Every rule's --explain ends with it: the policy is the same for all of them.
+CONFIGURATION_POLICY = """## Findings that depend on the configuration
+
+A finding whose verdict depends on the script's configuration (a command-line flag, a config
+dataclass field, a module setting a configurator may override, a YAML/JSON/TOML file) says
+whether the default configuration is affected, and otherwise which setting makes it real
+(`with --gradient_accumulation_steps > 1 (default 1)`). A finding harmless in the default run is
+still reported, one level lower than the same finding in the default run: an error becomes a
+warning. A warning is the lowest level shown by default, so a latent warning stays a warning and
+says it is latent; hints stay off by default and never hold latent findings.
+"""
 
 
 def _hint_line(rule: Rule) -> str:

@@ -117,3 +117,12 @@ def test_cache_round_trips_the_configuration():
     items = [finding(LATENT), finding(DEFAULT), finding(None)]
     encoded = json.loads(json.dumps([_encode(d) for d in items]))
     assert _decode(encoded, "nowhere.py") == items
+
+
+def test_explain_states_the_policy_for_every_rule():
+    from linter.explain import CONFIGURATION_POLICY, explain_markdown
+
+    for code in ("ACL101", "ACL301", "ACL504"):
+        assert explain_markdown(code).endswith("\n\n" + CONFIGURATION_POLICY)
+    assert "an error becomes a\nwarning" in CONFIGURATION_POLICY
+    assert "never hold latent findings" in CONFIGURATION_POLICY
