@@ -7,6 +7,7 @@ from linter.context import make_fix
 from linter.model import windows
 from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code
+from linter.model.loops import same_path
 
 
 def check(ctx) -> None:
@@ -55,12 +56,27 @@ def _before_backward_in_accumulate(model, loop, site) -> bool:
         return False
     if any(f.kind == "if" for f in site.stmt.frames_inside(region.with_node)):
         return False
+    if _after_its_own_step(model, loop, site, region):
+        return False
     later = [
         b
         for b in loop.backwards
         if b.stmt.order > site.stmt.order and any(f.node is region.with_node for f in b.stmt.frames)
     ]
     return bool(later)
+
+
+def _after_its_own_step(model, loop, site, region) -> bool:
+    """After a step, in the block, of the optimizer it clears: the wrapper gates it, and a
+    backward after it feeds another optimizer (a GAN's `g_opt.step(); g_opt.zero_grad()`, then
+    the discriminator's backward and step in the same `accumulate()` entry)."""
+    return any(
+        s.stmt.order < site.stmt.order
+        and any(f.node is region.with_node for f in s.stmt.frames)
+        and same_path(s.stmt, site.stmt)
+        and model.gates.clears_what_it_steps(site, s)
+        for s in loop.steps
+    )
 
 
 def _steps_later_in_block(loop, site):

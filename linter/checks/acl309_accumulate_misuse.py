@@ -9,7 +9,8 @@ from linter.context import RuleContext
 from linter.model import accumulation
 from linter.model.accumulation import exclusive, frames_before, innermost_loop
 from linter.model.cst_util import code
-from linter.model.loops import BACKWARD_KINDS
+from linter.model.gates import stepped_optimizer
+from linter.model.loops import BACKWARD_KINDS, STEP_KINDS, same_path
 
 
 def check(ctx: RuleContext) -> None:
@@ -139,8 +140,34 @@ def _extra_backward(model, region):
             if not exclusive(site.stmt.frames, other.stmt.frames) and _may_share(
                 model, site, other
             ):
-                return site
+                if not _stepped_apart(model, region, other, site):
+                    return site
     return None
+
+
+def _stepped_apart(model, region, first, second) -> bool:
+    """The first backward's optimizer steps before the second backward runs, and the second's
+    is another optimizer: each optimizer gets one backward per entry (a GAN's generator step,
+    then its discriminator step, in one `accumulate()` entry)."""
+    scope = accumulation.region_scope(model, region)
+    steps = sorted(
+        (
+            s
+            for s in model.sites[id(scope)]
+            if s.kind in STEP_KINDS and any(f.node is region.with_node for f in s.stmt.frames)
+        ),
+        key=lambda s: s.stmt.order,
+    )
+
+    def consumer(backward):
+        later = (s for s in steps if s.stmt.order > backward.stmt.order)
+        return next((s for s in later if same_path(s.stmt, backward.stmt)), None)
+
+    ours, theirs = consumer(first), consumer(second)
+    if ours is None or theirs is None or ours.stmt.order > second.stmt.order:
+        return False
+    optimizers = stepped_optimizer(ours), stepped_optimizer(theirs)
+    return None not in optimizers and optimizers[0] != optimizers[1]
 
 
 def _may_share(model, a, b) -> bool:

@@ -98,6 +98,10 @@ class Gates:
             for z in zeroes
         )
 
+    def clears_what_it_steps(self, zero: Site, step: Site) -> bool:
+        """Whether `zero` clears the gradients `step` consumes (its optimizer's or its model's)."""
+        return self._clears(zero, _stepped(step))
+
     def _clears(self, zero: Site, optimizer: str | None) -> bool:
         """`opt.zero_grad()`, or `model.zero_grad()` of a model whose parameters `opt` was
         built with (`g_optim = Adam(generator.parameters())`)."""
@@ -271,6 +275,11 @@ def _consuming_step(steps: list[Site], zeroes: list[Site], stmt: Stmt) -> Site:
         if not wiped:
             return step
     return ordered[0]
+
+
+def stepped_optimizer(step: Site) -> str | None:
+    """The optimizer a step site steps (`opt` of `opt.step()` and of `scaler.step(opt)`)."""
+    return _stepped(step)
 
 
 def _stepped(step: Site) -> str | None:

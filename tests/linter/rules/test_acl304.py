@@ -212,3 +212,44 @@ def test_with_acl301_the_fixes_compose():
                 opt.zero_grad()
         """
     )
+
+
+# --- a GAN step in one accumulate() entry (holdout3: 1d-tokenizer's TiTok trainer) ----------
+GAN = """
+import torch
+from accelerate import Accelerator
+
+accelerator = Accelerator(gradient_accumulation_steps=4)
+opt_g = torch.optim.AdamW(generator.parameters(), lr=2e-4, betas=(0.5, 0.9))
+opt_d = torch.optim.AdamW(discriminator.parameters(), lr=2e-4, betas=(0.5, 0.9))
+generator, discriminator, opt_g, opt_d, loader = accelerator.prepare(
+    generator, discriminator, opt_g, opt_d, loader
+)
+for images in loader:
+    with accelerator.accumulate([generator, discriminator]):
+        fake = generator(images)
+        discriminator.requires_grad_(False)
+        accelerator.backward(recon_loss(fake, images) - discriminator(fake).mean())
+        opt_g.step()
+        opt_g.zero_grad(set_to_none=True)
+
+        discriminator.requires_grad_(True)
+        accelerator.backward(hinge_loss(discriminator, fake.detach(), images))
+        opt_d.step()
+        opt_d.zero_grad(set_to_none=True)
+"""
+
+
+def test_zero_grad_after_its_own_step_before_the_discriminator_backward(acl304):
+    assert acl304.findings(GAN) == []
+    model_style = GAN.replace("opt_g.zero_grad(set_to_none=True)", "generator.zero_grad()")
+    assert acl304.findings(model_style) == []
+
+
+def test_discriminator_zeroed_before_its_backward_in_the_entry_is_flagged(acl304, at):
+    """The discriminator's own zero_grad before its backward still wipes its window."""
+    source = GAN.replace(
+        "        discriminator.requires_grad_(True)\n",
+        "        discriminator.requires_grad_(True)\n        opt_d.zero_grad()\n",
+    )
+    assert acl304.findings(source) == [("ACL304", *at(source, "opt_d.zero_grad()"))]

@@ -307,3 +307,40 @@ for batch in dl:
 """
     )
     assert acl309.findings(source) == []
+
+
+def test_gan_generator_then_discriminator_step_in_one_entry(acl309):
+    """Each backward is followed by its own optimizer's step: one backward per model and entry,
+    even when the discriminator's loss also reads the generator's output (holdout3, TiTok)."""
+    source = _src(
+        """
+for images in dl:
+    with accelerator.accumulate([encoder, head]):
+        recon, extra = encoder(images)
+        gen_loss, logs = loss_module(images, recon, extra, mode="generator")
+        accelerator.backward(gen_loss)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if loss_module.should_discriminator_be_trained(step):
+            disc_loss, logs = loss_module(images, recon, extra, mode="discriminator")
+            accelerator.backward(disc_loss)
+            head_opt.step()
+            head_opt.zero_grad(set_to_none=True)
+"""
+    )
+    assert acl309.findings(source) == []
+
+
+def test_two_backwards_before_one_step_beside_a_second_optimizer_are_flagged(acl309, at):
+    source = _src(
+        """
+for images in dl:
+    with accelerator.accumulate([encoder, head]):
+        accelerator.backward(loss_module(images, encoder(images), mode="generator"))
+        accelerator.backward(loss_module(images, encoder(images), mode="generator"))
+        opt.step()
+        accelerator.backward(loss_module(images, encoder(images), mode="discriminator"))
+        head_opt.step()
+"""
+    )
+    assert acl309.findings(source) == [("ACL309", *at(source, "accelerator.backward", 1))]
