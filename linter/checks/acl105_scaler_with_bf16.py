@@ -5,10 +5,19 @@ from __future__ import annotations
 import libcst as cst
 
 from linter.context import RuleContext, make_fix
+from linter.model import precision_runs
 from linter.model.cst_util import children, dotted, keyword, method_call, positional, string_value
 from linter.model.param_dtypes import param_casts
-from linter.model.precision import BF16, bf16_sources, has_fp16_path, scalers_on_under_bf16
-from linter.types import Edit, Position
+from linter.model.precision import (
+    BF16,
+    autocasts,
+    bf16_sources,
+    engines,
+    has_fp16_path,
+    live_scalers,
+    scalers_on_under_bf16,
+)
+from linter.types import Configuration, Edit, Position
 
 _ATOMS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript)
 
@@ -19,10 +28,10 @@ def check(ctx: RuleContext) -> None:
     (wasted work), an error where `unscale_` fails: trained bf16 parameters on CUDA."""
     model = ctx.model
     scalers = scalers_on_under_bf16(model)
-    if not scalers:
-        return
     sources = bf16_sources(model)
-    if not sources or has_fp16_path(model):
+    if not scalers or not sources or has_fp16_path(model):
+        for scaler in live_scalers(model):
+            _report_configured(ctx, scaler)
         return
     bf16_params = _trained_bf16(model)
     for scaler in scalers:
@@ -45,6 +54,40 @@ def check(ctx: RuleContext) -> None:
             fix,
             severity="error" if crash else None,
         )
+
+
+def _report_configured(ctx: RuleContext, scaler) -> None:
+    """A scaler on in the runs whose precision is bf16 only for some settings: `enabled=(dtype
+    in ['float16', 'bfloat16'])`, an inverted `== 'bfloat16'`, a scaler built for a
+    `--mixed_precision` the Accelerator also takes. No fix: under fp16 the scaler is needed."""
+    model = ctx.model
+    casts = [c for c in autocasts(model) if not c.by_engine and c.enabled is not False]
+    built = engines(model)
+    exprs = [precision_runs.construction_expr(model, scaler.node)]
+    exprs += [precision_runs.cast_expr(model, c) for c in casts]
+    exprs += precision_runs.engine_exprs(model, built)
+    count = len(casts)
+
+    def bad(values) -> bool:
+        if not precision_runs.scaler_on(values[0]):
+            return False
+        regions, engine_values = values[1 : 1 + count], values[1 + count :]
+        precisions = [precision_runs.engine_precision(v) for v in engine_values]
+        bf16 = any(precision_runs.bf16_autocast(v) for v in regions) or "bf16" in precisions
+        fp16 = any(precision_runs.may_be_fp16(v) for v in regions)
+        return bf16 and not fp16 and all(p in ("bf16", "no") for p in precisions)
+
+    verdict = precision_runs.runs_where(model, exprs, bad)
+    if verdict is None or not verdict.condition.knobs:
+        return
+    condition = verdict.condition
+    ctx.report(
+        scaler.node,
+        f"GradScaler `{scaler.name}` is on in a bf16 run {condition.text}: "
+        + _waste_text()
+        + " (enable it for float16 only, keyed on the same setting as the autocast dtype)",
+        configuration=Configuration(condition.affects_default, condition.text, condition.knobs),
+    )
 
 
 def _waste_text() -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from linter.context import RuleContext
+from linter.model import precision_runs
 from linter.model.param_dtypes import frozen_names
 from linter.model.precision import (
     FP16,
@@ -14,19 +15,77 @@ from linter.model.precision import (
     region_scope,
     under_no_grad,
 )
+from linter.model.scaler_protocol import scaler_of_backward
 
 
 def check(ctx: RuleContext) -> None:
     """Report fp16 autocast regions whose forward reaches a backward in the same function, when
     nothing in the module scales the loss."""
     model = ctx.model
-    if live_scalers(model) or _engine_owns_precision(model):
-        return  # a scaler anywhere in the module (even one passed elsewhere) scales the loss
+    if _engine_owns_precision(model):
+        return
+    scalers = live_scalers(model)
     for cast in autocasts(model):
-        if _fp16_on_gpu(cast) and not under_no_grad(model, cast.region):
+        if cast.by_engine or under_no_grad(model, cast.region):
+            continue
+        if not scalers and _fp16_on_gpu(cast):
             backward = _trained_backward(model, cast)
             if backward is not None:
                 _report(ctx, cast, backward)
+                continue
+        _report_configured(ctx, cast, scalers)
+
+
+def _report_configured(ctx: RuleContext, cast: Autocast, scalers) -> None:
+    """fp16 without loss scaling in some configurations only: the region's dtype and the
+    scaler's `enabled=` read the same knob differently (`autocast("cuda")` beside
+    `GradScaler(enabled=(dtype == "float16"))`, or a `--dtype float16` choice and no scaler).
+    A scaler anywhere in the module whose state the linter cannot evaluate keeps it quiet."""
+    model = ctx.model
+    found = _trained_backward(model, cast, scaled=True)
+    if found is None:
+        return
+    backward, scaler = found
+    if scaler is not None:
+        chosen = [s for s in scalers if s.name == scaler]
+        if not chosen:
+            return  # a scaler handed in from elsewhere: its state is out of sight
+    else:
+        chosen = scalers
+    exprs = [precision_runs.cast_expr(model, cast), *precision_runs.scaler_exprs(model, chosen)]
+
+    def bad(values) -> bool:
+        if not precision_runs.fp16_on_gpu(values[0]):
+            return False
+        return all(precision_runs.scaler_off(v) for v in values[1:])
+
+    verdict = precision_runs.runs_where(model, exprs, bad)
+    if verdict is None or not verdict.condition.knobs:
+        return
+    condition = verdict.condition
+    how = "float16 by default on CUDA" if not cast.explicit else "float16"
+    if scaler is not None:
+        unscaled = f"where `{scaler}` is disabled"
+        advice = (
+            "key the autocast dtype and the scaler's `enabled=` on the same setting: "
+            "dtype=torch.bfloat16 with the scaler off, or float16 with it on"
+        )
+    else:
+        unscaled = "and the module builds no GradScaler that is on then"
+        advice = "scale the loss with a torch.amp.GradScaler enabled for float16"
+    ctx.report(
+        cast.region.item.item,
+        f"autocast runs this forward in {how} {condition.text}, {unscaled}: its loss is "
+        f"backpropagated on line {ctx.line_of(backward.call)} without loss scaling, and "
+        f"gradients below ~6e-8 flush to zero in the fp16 backward ({advice})",
+        configuration=_configuration(condition),
+    )
+
+
+def _configuration(condition):
+    from linter.types import Configuration
+
+    return Configuration(condition.affects_default, condition.text, condition.knobs)
 
 
 def _engine_owns_precision(model) -> bool:
@@ -45,22 +104,26 @@ def _fp16_on_gpu(cast: Autocast) -> bool:
     return (cast.explicit and cast.dtype == FP16) or cast.fp16_by_default
 
 
-def _trained_backward(model, cast: Autocast):
+def _trained_backward(model, cast: Autocast, scaled: bool = False):
     """The first unscaled backward of the region's function whose loss flows from a statement
     inside the region through a model that trains (a frozen teacher's fp16 outputs carry no
-    gradient into fp16 activations)."""
+    gradient into fp16 activations). With `scaled`, a backward through a module scaler counts
+    too, as `(site, scaler name)` (`(site, None)` for an unscaled one): that scaler may be off."""
     scope = region_scope(model, cast.region)
-    if scope is None or _scaler_in_reach(model, scope):
+    if scope is None:
         return None
     frozen = frozen_names(model)
     for loop in model.loops:
         for site in loop.backwards:
-            if site.stmt.scope is not scope or _scaled(model, site) or _vjp(model, site):
+            if site.stmt.scope is not scope or _vjp(model, site):
+                continue
+            scaler = scaler_of_backward(model, site) if scaled else None
+            if scaler is None and (_scaled(model, site) or _scaler_in_reach(model, scope)):
                 continue
             if site.kind == "engine_backward" and not _fp32_engine(model, site):
                 continue
             if _inside(site.stmt, cast) or _flows_through(model, site, cast, frozen):
-                return site
+                return (site, scaler) if scaled else site
     return None
 
 

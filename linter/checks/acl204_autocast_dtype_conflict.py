@@ -4,14 +4,18 @@
 from __future__ import annotations
 
 from linter.context import RuleContext
+from linter.model import precision_runs
 from linter.model.precision import (
     BF16,
     FP16,
     Autocast,
     autocasts,
     engine_precision,
+    engines,
     region_scope,
+    under_no_grad,
 )
+from linter.types import Configuration
 
 
 def check(ctx: RuleContext) -> None:
@@ -20,6 +24,7 @@ def check(ctx: RuleContext) -> None:
     CLI) or when there is no engine."""
     precision = engine_precision(ctx.model)
     if precision is None:
+        _check_configured(ctx)
         return
     for cast in autocasts(ctx.model):
         if cast.enabled is False:
@@ -31,6 +36,48 @@ def check(ctx: RuleContext) -> None:
             _report_conflict(ctx, cast, precision)
 
 
+def _check_configured(ctx: RuleContext) -> None:
+    """An engine whose precision comes from a knob with known values (`Accelerator(
+    mixed_precision=args.mixed_precision)`, `choices=["no", "fp16", "bf16"]`) beside a user
+    region whose dtype disagrees for some of them. Without known values (a config file, a
+    free-form flag) there is nothing to compare, as in the static case."""
+    model = ctx.model
+    built = engines(model)
+    if not built:
+        return
+    count = len(built)
+    for cast in autocasts(model):
+        if cast.by_engine or cast.enabled is False or _inference_only(model, cast):
+            continue
+        exprs = [*precision_runs.engine_exprs(model, built), precision_runs.cast_expr(model, cast)]
+
+        def bad(values) -> bool:
+            found = {precision_runs.engine_precision(v) for v in values[:count]}
+            word = precision_runs.dtype_word(values[count])
+            if len(found) != 1 or word not in (FP16, BF16):
+                return False
+            (precision,) = found
+            return precision in (FP16, BF16) and precision != word
+
+        verdict = precision_runs.runs_where(model, exprs, bad)
+        if verdict is None or not verdict.condition.knobs:
+            continue
+        row = verdict.rows[0]
+        precision = precision_runs.engine_precision(row.values[0])
+        word = precision_runs.dtype_word(row.values[count])
+        _report_conflict(ctx, cast, precision, word, verdict.condition)
+
+
+def _inference_only(model, cast: Autocast) -> bool:
+    """A region under `no_grad`, or in a function with no backward (diffusers' validation
+    pipeline in `log_validation`): whatever the flag, nothing there is trained."""
+    if under_no_grad(model, cast.region):
+        return True
+    scope = region_scope(model, cast.region)
+    sites = model.sites.get(id(scope), []) if scope is not None else []
+    return not any(s.kind in ("backward", "engine_backward") for s in sites)
+
+
 def _conflicts(cast: Autocast, precision: str) -> bool:
     """A user region in fp16 under a bf16 engine or the reverse. Under "no" the user's region
     is the only one (their own AMP, judged by ACL106). A region around the prepared model is
@@ -38,16 +85,22 @@ def _conflicts(cast: Autocast, precision: str) -> bool:
     return precision in (FP16, BF16) and cast.dtype in (FP16, BF16) and cast.dtype != precision
 
 
-def _report_conflict(ctx: RuleContext, cast: Autocast, precision: str) -> None:
+def _report_conflict(
+    ctx: RuleContext, cast: Autocast, precision: str, dtype=None, condition=None
+) -> None:
     scope = region_scope(ctx.model, cast.region) or ctx.model.scopes[0]
     engine = ctx.model.engine_in_scope(scope) or "accelerator"
-    how = "written" if cast.explicit else f"the {cast.device} default"
+    how = "written" if cast.explicit else f"the {cast.device or 'cuda'} default"
+    when = f" {condition.text}" if condition is not None else ""
     ctx.report(
         cast.region.item.item,
-        f"autocast in {cast.dtype} ({how}) while `{engine}` trains in {precision}: mixing Half "
-        f"and BFloat16 tensors fails outside autocast's ops, and fp16 without a scaler "
-        f"underflows (use `{engine}.autocast()`, or write dtype=torch."
+        f"autocast in {dtype or cast.dtype} ({how}) while `{engine}` trains in {precision}"
+        f"{when}: mixing Half and BFloat16 tensors fails outside autocast's ops, and fp16 "
+        f"without a scaler underflows (use `{engine}.autocast()`, or write dtype=torch."
         f"{'bfloat16' if precision == BF16 else 'float16'})",
+        configuration=None
+        if condition is None
+        else Configuration(condition.affects_default, condition.text, condition.knobs),
     )
 
 
