@@ -71,15 +71,20 @@ class Knob:
     type: str | None = None
 
     def describe(self) -> dict:
-        """The knob as `--show-loops` shows it."""
-        return {
+        """The knob as `--show-loops` shows it: a knob of the script has its `line` (a
+        notebook's is placed in its cell), one of a config file is at `file:line`."""
+        found = {
             "name": self.name,
             "spelling": self.spelling,
             "default": self.default if self.default_known else "(computed)",
             "choices": list(self.choices) if self.choices is not None else None,
             "source": str(self.source),
-            "where": f"{self.path or '<module>'}:{self.line}",
         }
+        if self.source in (KnobSource.YAML, KnobSource.JSON, KnobSource.TOML):
+            found["where"] = f"{self.path}:{self.line}"
+        else:
+            found["line"] = self.line
+        return found
 
 
 @dataclass

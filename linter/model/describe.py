@@ -17,6 +17,7 @@ from linter.model import (
     schedules,
     windows,
 )
+from linter.model.config_space import gate_configuration, k_configuration
 from linter.model.cst_util import code
 
 # A step function called once per batch is described as kind "step function".
@@ -28,6 +29,7 @@ def describe(model: Model, path: str) -> dict:
     for key, facts in (
         ("evaluation", evaluation.describe(model)),
         ("checkpoints", checkpoints.describe(model)),
+        ("configuration", _configuration(model)),
     ):
         if facts:
             found[key] = facts
@@ -36,6 +38,14 @@ def describe(model: Model, path: str) -> dict:
 
 def _line(model: Model, node) -> int:
     return model.line(node)
+
+
+def _configuration(model: Model) -> dict | None:
+    """The configuration space read: each knob, its default, choices and where it came from."""
+    from linter.model.config_space import config_space
+
+    space = config_space(model).describe()
+    return space if space["knobs"] or space["notes"] else None
 
 
 def _loop(model: Model, loop: TrainingLoop, path: str) -> dict:
@@ -119,6 +129,7 @@ def _accumulation(model: Model, loop: TrainingLoop) -> dict | None:
             "value": model.int_value(gate.k),
             "source": source,
             "line": _line(model, gate.k),
+            **_k_setting(model, gate_configuration(model, gate, loop.scope)),
         }
     k = model.engine_k()
     if k is not None:
@@ -127,8 +138,14 @@ def _accumulation(model: Model, loop: TrainingLoop) -> dict | None:
             "value": model.int_value(k),
             "source": "gradient_accumulation_steps of the engine",
             "line": _line(model, k),
+            **_k_setting(model, k_configuration(model, k)),
         }
     return None
+
+
+def _k_setting(model: Model, configuration) -> dict:
+    """K's knob, when K is a setting (`with --k > 1 (default 1)`)."""
+    return {"setting": configuration.condition} if configuration is not None else {}
 
 
 def _step_branch(model: Model, loop: TrainingLoop) -> dict | None:

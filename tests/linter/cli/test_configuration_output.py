@@ -126,3 +126,49 @@ def test_explain_states_the_policy_for_every_rule():
         assert explain_markdown(code).endswith("\n\n" + CONFIGURATION_POLICY)
     assert "an error becomes a\nwarning" in CONFIGURATION_POLICY
     assert "never hold latent findings" in CONFIGURATION_POLICY
+
+
+def test_show_loops_shows_the_configuration_space_and_ks_setting(tmp_path):
+    from linter.analysis import describe_loops
+
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "bad.yaml").write_text("lr: [1\n")
+    source = (
+        "import argparse\n"
+        "import yaml\n"
+        "parser = argparse.ArgumentParser()\n"
+        'parser.add_argument("--grad-accum", type=int, default=1)\n'
+        'parser.add_argument("--dtype", default="bf16", choices=["fp16", "bf16"])\n'
+        "args = parser.parse_args()\n"
+        'extra = yaml.safe_load(open("configs/bad.yaml"))\n'
+        "for i, (x, y) in enumerate(loader):\n"
+        "    crit(model(x), y).backward()\n"
+        "    if (i + 1) % args.grad_accum == 0:\n"
+        "        opt.step()\n"
+        "        opt.zero_grad()\n"
+    )
+    path = str(tmp_path / "train.py")
+    described = describe_loops(source, path)
+    space = described["configuration"]
+    assert space["knobs"] == [
+        {
+            "name": "grad_accum",
+            "spelling": "--grad-accum",
+            "default": 1,
+            "choices": None,
+            "source": "argparse",
+            "line": 4,
+        },
+        {
+            "name": "dtype",
+            "spelling": "--dtype",
+            "default": "bf16",
+            "choices": ["fp16", "bf16"],
+            "source": "argparse",
+            "line": 5,
+        },
+    ]
+    (note,) = space["notes"]
+    assert note.startswith("configs/bad.yaml: does not parse as YAML (")
+    (loop,) = described["loops"]
+    assert loop["accumulation"]["setting"] == "with --grad-accum > 1 (default 1)"

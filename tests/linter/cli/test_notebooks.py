@@ -18,6 +18,9 @@ MESSAGE = (
     "`GRAD_ACCUM` micro-steps: the window sums `GRAD_ACCUM` losses, so the gradients are "
     "`GRAD_ACCUM` times those of the window's mean loss"
 )
+# GRAD_ACCUM = 4 in cell 3: a module setting whose default makes the finding real
+CONFIG = "the default configuration is affected (with GRAD_ACCUM > 1 (default 4))"
+CONFIG_SUFFIX = "[default config: with GRAD_ACCUM > 1 (default 4)]"
 BEFORE = '    "        F.mse_loss(model(x), y).backward()\\n",\n'
 AFTER = '    "        (F.mse_loss(model(x), y) / GRAD_ACCUM).backward()\\n",\n'
 
@@ -46,7 +49,7 @@ def test_the_loop_in_cell_5_is_understood_with_the_setup_of_cell_3(notebook, inv
     result = invoke("--no-cache", "--output-format", "concise", "train.ipynb")
     assert result.exit_code == 1, result.output
     assert result.stdout == (
-        f"train.ipynb:cell 5:5:9: ACL301 [*] {MESSAGE}\n"
+        f"train.ipynb:cell 5:5:9: ACL301 [*] {MESSAGE} {CONFIG_SUFFIX}\n"
         "Found 1 error.\n"
         "[*] 1 fixable with `--fix`.\n"
     )
@@ -66,6 +69,7 @@ def test_full_format_shows_the_cell_and_its_own_line_numbers(notebook, invoke):
         "  -         F.mse_loss(model(x), y).backward()\n"
         "  +         (F.mse_loss(model(x), y) / GRAD_ACCUM).backward()\n"
         "  = note: accumulation value K = GRAD_ACCUM (step gate at cell 5, line 6)\n"
+        f"  = config: {CONFIG}\n"
         "\n"
         "Found 1 error.\n"
         "[*] 1 fixable with `--fix`.\n"
@@ -94,11 +98,11 @@ def test_sarif_and_github_place_the_finding_in_its_cell(notebook, invoke):
     [found] = log["runs"][0]["results"]
     region = found["locations"][0]["physicalLocation"]["region"]
     assert region == {"endColumn": 43, "endLine": 5, "startColumn": 9, "startLine": 5}
-    assert found["properties"] == {"cell": 5}
+    assert found["properties"]["cell"] == 5
     github = invoke("--no-cache", "--output-format", "github", "train.ipynb").stdout
     assert github == (
         f"::error title=accel-lint (ACL301),file={notebook},line=5,col=9,endLine=5,endColumn=43"
-        f"::cell 5: ACL301 {MESSAGE}\n"
+        f"::cell 5: ACL301 {MESSAGE} ({CONFIG})\n"
     )
 
 
@@ -143,7 +147,7 @@ def test_a_directory_walk_lints_notebooks_and_the_cache_keeps_cells(notebook, in
 def test_stdin_notebook_reports_cells_and_fixes_the_json(project, invoke):
     text = NOTEBOOK.read_text()
     result = invoke("--output-format", "concise", "--stdin-filename", "nb.ipynb", "-", input=text)
-    assert result.stdout.startswith(f"nb.ipynb:cell 5:5:9: ACL301 [*] {MESSAGE}\n")
+    assert result.stdout.startswith(f"nb.ipynb:cell 5:5:9: ACL301 [*] {MESSAGE} {CONFIG_SUFFIX}\n")
     fixed = invoke("--fix", "--stdin-filename", "nb.ipynb", "-", input=text)
     assert fixed.stdout == text.replace(BEFORE, AFTER)
 

@@ -49,6 +49,7 @@ def test_module_constant_in_a_module_level_gate_has_its_value():
         "value": 4,
         "source": "modulus of the step gate",
         "line": 10,
+        "setting": "with ACCUM_STEPS > 1 (default 4)",  # a module constant is a setting
     }
 
 
