@@ -240,9 +240,13 @@ def _own_findings(found: list[Diagnostic], context) -> list[Diagnostic]:
 
     from linter.types import Edit, Fix
 
-    kept = []
+    kept, placed = [], set()
     for d in found:
         if d.start.line > context.base:
+            moved = _reached_from_the_file(d, context)
+            if moved is not None and (moved.code, moved.start) not in placed:
+                placed.add((moved.code, moved.start))
+                kept.append(moved)
             continue
         fix = d.fix
         if fix is not None:
@@ -254,6 +258,35 @@ def _own_findings(found: list[Diagnostic], context) -> list[Diagnostic]:
         notes = tuple(context.words(n) for n in d.notes)
         kept.append(replace(d, message=context.words(d.message), fix=fix, notes=notes))
     return kept
+
+
+# Findings about how an API is written, not about the step: the other module's own run says them.
+_WHERE_WRITTEN = frozenset({"ACL000", "ACL203"})
+
+
+def _reached_from_the_file(d: Diagnostic, context) -> Diagnostic | None:
+    """A finding inside a definition the file imports (its loss function, its step helper)
+    exists because of the file's loop: it is reported where the file uses the definition, and
+    says where the code to change is. A finding in another module's caller of the file is that
+    module's own finding, never this file's."""
+    from dataclasses import replace
+
+    from linter.types import Position
+
+    origin = context.origin(d.start.line)
+    if origin is None or origin.caller or d.code in _WHERE_WRITTEN:
+        return None
+    use = context.use_of(origin.name)
+    if use is None:
+        return None
+    line, start, end = use
+    path, other = context.locate(d.start.line)
+    message = f"{context.words(d.message)} (in {path}:{other}; the change belongs there)"
+    notes = tuple(context.words(n) for n in d.notes)
+    return replace(
+        d, message=message, start=Position(line, start), end=Position(line, end), fix=None,
+        notes=notes,
+    )  # fmt: skip
 
 
 def _analyze(

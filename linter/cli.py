@@ -224,6 +224,8 @@ def _lint_files(paths, resolver, mode, printer, no_cache):
     report = runner.run(found.files, mode, cache, named)
     if cache is not None:
         cache.save()
+    for note in sorted({note for result in report.results for note in result.notes}):
+        printer.say(f"note: {note}")
     for shown, message in report.errors:
         _echo(f"error: {shown}: {message}", err=True)
     return report

@@ -56,6 +56,7 @@ class FileResult:
     error: str | None = None  # an internal error: reported with the file name, exit 2
     cacheable: bool = True
     deps: list = field(default_factory=list)  # project modules read: (path, summary key)
+    notes: list = field(default_factory=list)  # the project's (a module it could not read)
 
 
 @dataclass
@@ -240,7 +241,7 @@ def lint_job(job: Job) -> FileResult:
             source.text, job.shown, job.codes, fix, source.newline, hints=job.hints
         )
         result = FileResult(job.shown, checked.diagnostics, checked.fixes_applied)
-        result.deps = _project_deps(job.absolute)
+        result.deps, result.notes = _project_deps(job.absolute), _project_notes()
         result.error = checked.error
         result.cacheable = checked.error is None  # a fix error is reported again on every run
         if checked.fixed is not None and checked.fixed != source.text:
@@ -262,6 +263,16 @@ def _project_deps(path: str) -> list:
 
     current = project.current()
     return list(current.used.get(path, ())) if current is not None else []
+
+
+def _project_notes() -> list[str]:
+    from linter import project
+
+    current = project.current()
+    if current is None or not current.notes:
+        return []
+    notes, current.notes = current.notes, []
+    return notes
 
 
 def _guarded(job: Job, lint) -> FileResult:

@@ -46,7 +46,8 @@ class Origin:
     end: int
     path: str  # the other module, as shown (relative to the project root)
     line: int  # its line for `start`
-    name: str  # the definition's name there
+    name: str  # the name the definition has in the combined text
+    caller: bool = False  # a function of another module that calls the file's functions
 
 
 @dataclass
@@ -63,9 +64,24 @@ class Context:
 
     def locate(self, line: int) -> tuple[str, int] | None:
         """The other module's file and line for a line of the context (None in the file)."""
+        origin = self.origin(line)
+        return None if origin is None else (origin.path, origin.line + line - origin.start)
+
+    def origin(self, line: int) -> Origin | None:
         for origin in self.origins:
             if origin.start <= line <= origin.end:
-                return origin.path, origin.line + line - origin.start
+                return origin
+        return None
+
+    def use_of(self, name: str) -> tuple[int, int, int] | None:
+        """Where the file first calls (else names) a definition of the context: (line, start
+        column, end column), the place a finding inside that definition is reported."""
+        lines = self.text.split("\n")[: self.base]
+        for pattern in (rf"(?<![\w.]){re.escape(name)}\s*\(", rf"(?<![\w.]){re.escape(name)}\b"):
+            for number, text in enumerate(lines, start=1):
+                match = re.search(pattern, text)
+                if match and not text.lstrip().startswith(("#", "import ", "from ")):
+                    return number, match.start(), match.start() + len(name)
         return None
 
     def names(self, text: str) -> str:
@@ -229,8 +245,9 @@ class _Builder:
         self.path = path
         self.text = text
         self.own = project.summary_of(path, text)
-        self.taken: set[str] = set(self.own.bound)
-        self.chunks: list[tuple[list[str], str, int, str]] = []  # lines, path, line, name
+        self.taken: set[str] = set(self.own.bound)  # an imported name is replaced, not taken
+        self.imported = {imp.local.split(".", 1)[0] for imp in self.own.imports}
+        self.chunks: list[tuple[list[str], str, int, str, bool]] = []  # + name, caller
         self.import_lines: dict[str, tuple[str, int, list[str]]] = {}  # local -> path, line, text
         self.rewrites: dict[str, str] = {}  # `misc.ddp_sync` -> `misc_ddp_sync`
         self.context = Context("", 0)
@@ -275,7 +292,7 @@ class _Builder:
         pattern = re.compile(rf"(?<![\w.]){re.escape(local)}\.(\w+)\b")
         for attr in sorted(set(pattern.findall(self.text))):
             found = summary.definition(attr)
-            if found is None or not found.relevant:
+            if found is None or not _worth_reading(found, 1):
                 continue
             written = f"{local}.{attr}"
             name = written.replace(".", "_")  # as long as what it replaces
@@ -314,7 +331,7 @@ class _Builder:
                 new = f"_accel_lint_caller_{len(self.chunks)}"
                 called = ", ".join(sorted(set(callees.values()) & _called(found, callees)))
                 why = f"`{found.name}` in {self.project.shown(other)} calls `{called}`"
-                self._add(summary, found, new, why, found.name, lines=lines)
+                self._add(summary, found, new, why, found.name, lines=lines, caller=True)
                 self._dependencies(summary, other, "\n".join(lines))
 
     def _callees_in(self, summary: ModuleSummary, other: str, wanted: set[str]) -> dict:
@@ -358,10 +375,11 @@ class _Builder:
         written: str | None = None,
         lines: list[str] | None = None,
         depth: int = 1,
+        caller: bool = False,
     ) -> bool:
         if (summary.path, found.name) in self.seen:
             return True
-        if not found.relevant or name in self.taken:
+        if not _worth_reading(found, depth) or name in self.taken:
             return False
         lines = summary.text_of(found) if lines is None else lines
         if self.lines + len(lines) > MAX_CONTEXT_LINES:
@@ -375,7 +393,7 @@ class _Builder:
         lines[at] = re.sub(
             rf"\b{keyword}\s+{re.escape(found.name)}\b", f"{keyword} {name}", lines[at], count=1
         )
-        self.chunks.append((lines, summary.path, found.first_line, name))
+        self.chunks.append((lines, summary.path, found.first_line, name, caller))
         self.lines += len(lines) + 1
         if written is not None and name != written:
             self.context.renames[name] = written
@@ -399,7 +417,9 @@ class _Builder:
         unless the file binds the same name: the model qualifies names through imports."""
         for imp in summary.imports:
             head = imp.local.split(".", 1)[0]
-            if imp.module == "__future__" or head in self.taken or head in self.import_lines:
+            if imp.module == "__future__" or head in self.taken or head in self.imported:
+                continue
+            if head in self.import_lines:
                 continue
             if not re.search(rf"\b{re.escape(head)}\b", text):
                 continue
@@ -432,14 +452,24 @@ class _Builder:
             start = context.base + len(lines) + 1
             context.origins.append(Origin(start, start, self.project.shown(path), first, ""))
             lines.extend(copied)
-        for copied, path, first, name in self.chunks:
+        for copied, path, first, name, caller in self.chunks:
             start = context.base + len(lines) + 1
             end = start + len(copied) - 1
-            context.origins.append(Origin(start, end, self.project.shown(path), first, name))
+            shown = self.project.shown(path)
+            context.origins.append(Origin(start, end, shown, first, name, caller))
             lines.extend(copied)
             lines.append("")
         context.text = prefix + "\n".join(lines) + "\n"
         return context
+
+
+def _worth_reading(found: Definition, depth: int) -> bool:
+    """A definition that touches training, or a short one the file uses itself (a context
+    manager that only yields is a fact too: it enters nothing)."""
+    return found.relevant or (depth == 1 and found.end_line - found.first_line < SHORT)
+
+
+SHORT = 40  # lines
 
 
 def _called(found: Definition, callees: dict[str, str]) -> set[str]:

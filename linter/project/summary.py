@@ -55,7 +55,7 @@ class ModuleSummary:
     imports: tuple[Import, ...]
     definitions: tuple[Definition, ...]
     lines: tuple[str, ...]
-    bound: frozenset[str] = frozenset()  # every name the module binds at its top level
+    bound: frozenset[str] = frozenset()  # names its top level binds other than by importing
     error: str | None = None  # the module does not parse: nothing is learnt from it
 
     def definition(self, name: str) -> Definition | None:
@@ -83,8 +83,12 @@ def summarize(path: str, text: str, digest: str, package: str) -> ModuleSummary:
     lines = tuple(text.split("\n"))
     try:
         tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
-        return ModuleSummary(path, digest, (), (), lines, error=f"does not parse: {error}")
+    except SyntaxError as error:
+        problem = f"does not parse (line {error.lineno}: {error.msg})"
+        return ModuleSummary(path, digest, (), (), lines, error=problem)
+    except (ValueError, RecursionError, MemoryError) as error:
+        problem = f"cannot be read ({type(error).__name__})"
+        return ModuleSummary(path, digest, (), (), lines, error=problem)
     imports: list[Import] = []
     definitions: list[Definition] = []
     bound: set[str] = set()
@@ -108,15 +112,13 @@ def summarize(path: str, text: str, digest: str, package: str) -> ModuleSummary:
 
 
 def _bound_by(node: ast.stmt) -> set[str]:
-    """The names a top-level statement binds (inside its `if`/`try`/`with` blocks too, not
-    inside the functions and classes it defines)."""
+    """The names a top-level statement binds other than by an import (inside its `if`/`try`/
+    `with` blocks too, not inside the functions and classes it defines)."""
     found, stack = set(), [node]
     while stack:
         sub = stack.pop()
         if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
             found.add(sub.id)
-        elif isinstance(sub, ast.alias):
-            found.add((sub.asname or sub.name).split(".", 1)[0])
         if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             found.add(sub.name)
             continue
