@@ -9,7 +9,8 @@ are `guard.events` (an `Event` and a frozen dataclass each); `subscribe` refuses
 (gradients hold S*g that no `scaler.step` or `zero_grad` consumed), `scaler`, `unscaled`
 (`unscale_` ran this window), `steps` (inner `step()` calls), `skipped_steps`,
 `last_step_skipped`, `windows` (backward counts of the last steps), `prepared_by` (the
-Accelerator), `wrapper`, and `extra` (a dict where checks keep their own per-optimizer data).
+Accelerator), `wrapper`; a check keeps its own per-optimizer fields in a dataclass of its own,
+`state.of(CheckState)`, and silences another check's finding with `state.suppress(code, because=)`.
 `ScalerState` (one per GradScaler): `stepped` (optimizer states stepped since the last update),
 `updates`, `skips`, `consecutive_skips`, `last_scale`.
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 WINDOW_HISTORY = 8
+_CheckState = TypeVar("_CheckState")
 
 
 @dataclass(eq=False)
@@ -31,11 +32,30 @@ class OptState:
     prepared_by: Any = None
     wrapper: Any = None
     hit: int = -1  # id of the last backward pass that reached a sentinel
-    extra: dict = field(default_factory=dict)  # per-check scratch space, keyed by code
+    checks: dict = field(default_factory=dict)  # a check's state class -> its instance (`of`)
+    silenced: dict = field(default_factory=dict)  # code -> the code that silenced it (`suppress`)
 
     @property
     def optimizer(self):
         return self.ref()
+
+    def of(self, kind: type[_CheckState]) -> _CheckState:
+        """This optimizer's state for one check: an instance of that check's own dataclass
+        (`kind()`, made on first use), so each check's fields are declared where it lives."""
+        found = self.checks.get(kind)
+        if found is None:
+            found = self.checks[kind] = kind()
+        return found
+
+    def suppress(self, code: str, *, because: str) -> None:
+        """Silence `code` for this optimizer's current window: the finding `because` already
+        reported the same mistake, and one mistake gets one finding."""
+        self.silenced[code] = because
+
+    def silenced_by(self, code: str) -> str | None:
+        """The code that silenced `code` this window, or None; asked once, at the window's end
+        (the answer is forgotten with the window)."""
+        return self.silenced.pop(code, None)
 
 
 @dataclass(eq=False)

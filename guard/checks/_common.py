@@ -19,12 +19,6 @@ def first_params(module: Any) -> list:
     return [first] if first is not None else []
 
 
-# Set in an optimizer state's `extra` by ACL309 when it reported a DDP model left out of
-# accumulate() (it all-reduces on every micro-step); ACL401, which sees the same all-reduces at
-# the step, then stays silent for that window: one finding for one mistake.
-LEFT_OUT_OF_ACCUMULATE = "ACL309_left_out"
-
-
 def report(
     code: str, message: str, level: _report.Level = "error", location: str | None = None
 ) -> None:

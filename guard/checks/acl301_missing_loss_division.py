@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import weakref
 from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -37,10 +39,29 @@ from guard.checks import _graph
 from guard.checks._common import report
 
 CODES = ("ACL301",)
-_KEY = "ACL301"
-_K_KEY = "ACL301_k"  # k of the optimizer's previous window
-_UNSEEN = {"divided": False}
 _DIVIDED = 1.5  # a pass with factor * k at most this is "divided by k" (0.5 / k included)
+
+
+@dataclass
+class _Window:
+    """One window's passes, from its first backward to its step (or zero_grad)."""
+
+    divided: bool = False  # a pass was divided by about k: nothing more to watch
+    factors: list = field(default_factory=list)  # the undivided passes' root factors
+    sites: Counter = field(default_factory=Counter)  # backward line -> its passes
+    watching: bool = False  # the probe gradient's norm is watched (from the second pass on)
+    grads: Any = None  # that norm when last remembered (a device tensor, or None: unreadable)
+    rescaled: bool = False  # the user rescaled the gradients since the last backward
+    clean_before_clip: bool = False  # a norm clip starts on gradients the user did not rescale
+
+
+@dataclass
+class LossDivision:
+    """ACL301's state of one optimizer (`OptState.of`)."""
+
+    window: _Window | None = None  # None: no raw pass in this window yet
+    previous_k: int = 0  # k of the optimizer's previous window
+    probe: weakref.ref | None = None  # the parameter whose gradient norm is watched
 
 
 def install(tracker) -> None:
@@ -73,32 +94,33 @@ def install(tracker) -> None:
     tracker.subscribe("clip", _before_clip)
     tracker.subscribe("clip_done", _after_clip)
     tracker.subscribe("optimizer_step_pre", _before_step)
-    tracker.subscribe("optimizer_step", lambda state, **_: state.extra.pop(_KEY, None))
+    tracker.subscribe("optimizer_step", lambda state, **_: _forget([state]))
     tracker.subscribe("zero_grad", _forget)
 
 
 def _record(st, factor: float | None, site) -> None:
-    data = st.extra.get(_KEY)
+    state = st.of(LossDivision)
+    data = state.window
     if data is None:
         if _divides(st, factor):  # the usual first pass of a window: no bookkeeping needed
-            st.extra[_KEY] = {"divided": True}
+            state.window = _Window(divided=True)
             return
-        data = st.extra[_KEY] = {"divided": False, "factors": [], "sites": Counter()}
-    if data["divided"]:
+        data = state.window = _Window()
+    if data.divided:
         return
     if _divides(st, factor):
-        data["divided"] = True
+        data.divided = True
         return
-    data["factors"].append(factor)
-    data["sites"][site] += 1
-    if len(data["factors"]) >= 2:
-        data["grads"] = _grad_norm(st)
+    data.factors.append(factor)
+    data.sites[site] += 1
+    if len(data.factors) >= 2:
+        data.watching, data.grads = True, _grad_norm(st)
 
 
 def _divides(st, factor: float | None) -> bool:
     """A pass with this factor divides st's window (by the previous window's k); unreadable
     graphs count as divided: never a guess."""
-    previous_k = st.extra.get(_K_KEY, 0)
+    previous_k = st.of(LossDivision).previous_k
     return factor is None or (previous_k >= 2 and factor * previous_k <= _DIVIDED)
 
 
@@ -115,26 +137,28 @@ def _all_divided(states) -> bool:
     """Every optimizer already had a divided pass this window: no later pass can be reported,
     so the graph walk and the frame lookup are skipped."""
     for st in states:  # a loop, not all(generator): this runs every micro-step
-        if not st.extra.get(_KEY, _UNSEEN)["divided"] and st.prepared_by is None:
+        window = st.of(LossDivision).window
+        if (window is None or not window.divided) and st.prepared_by is None:
             return False
     return bool(states)
 
 
 def _forget(states, **_) -> None:
     for st in states:
-        st.extra.pop(_KEY, None)
+        st.of(LossDivision).window = None
 
 
 def _probe_param(st):
     """One trainable parameter of the optimizer whose gradient norm is watched."""
-    ref = st.extra.get("ACL301_probe")
+    state = st.of(LossDivision)
+    ref = state.probe
     param = ref() if ref is not None else None
     if param is None:
         optimizer = st.optimizer
         groups = getattr(optimizer, "param_groups", []) if optimizer is not None else []
         param = next((p for g in groups for p in g["params"] if p.requires_grad), None)
         if param is not None:
-            st.extra["ACL301_probe"] = weakref.ref(param)
+            state.probe = weakref.ref(param)
     return param
 
 
@@ -146,32 +170,32 @@ def _grad_norm(st):
     return torch.linalg.vector_norm(param.grad.detach())
 
 
-def _rescaled(st, data) -> bool:
+def _rescaled(st, data: _Window) -> bool:
     """Whether the probe gradient changed since it was last remembered (one host read)."""
-    before, now = data.get("grads"), _grad_norm(st)
+    before, now = data.grads, _grad_norm(st)
     return before is None or now is None or bool(before != now)
 
 
 def _remember_grads(st) -> None:
-    data = st.extra.get(_KEY)
-    if data is not None and "grads" in data:
-        data["grads"] = _grad_norm(st)
+    data = st.of(LossDivision).window
+    if data is not None and data.watching:
+        data.grads = _grad_norm(st)
 
 
 def _note_rescaled(st) -> None:
     """Before an unscale or a clip changes the gradients for its own reasons: were they already
     rescaled by the user since the last backward (`p.grad /= k` before `scaler.unscale_`)?"""
-    data = st.extra.get(_KEY)
-    if data is not None and "grads" in data and not data.get("rescaled"):
-        data["rescaled"] = _rescaled(st, data)
+    data = st.of(LossDivision).window
+    if data is not None and data.watching and not data.rescaled:
+        data.rescaled = _rescaled(st, data)
 
 
 def _before_clip(kind, states, **_) -> None:
     for st in states:
-        data = st.extra.get(_KEY)
-        if kind == "norm" and data is not None and "grads" in data:
+        data = st.of(LossDivision).window
+        if kind == "norm" and data is not None and data.watching:
             _note_rescaled(st)
-            data["clean_before_clip"] = not data["rescaled"]
+            data.clean_before_clip = not data.rescaled
 
 
 def _after_clip(kind, states, result, limit, **_) -> None:
@@ -181,25 +205,33 @@ def _after_clip(kind, states, result, limit, **_) -> None:
     had already been rescaled before it)."""
     if kind != "norm" or limit is None:
         return
-    pending = [st for st in states if st.extra.get(_KEY, {}).pop("clean_before_clip", False)]
+    pending = [st for st in states if _clean_before_clip(st.of(LossDivision).window)]
     if not pending:
         return
     norm = float(result)  # one host read, only in a window that can still be reported
     for st in pending:
-        k = max(st.extra[_KEY]["sites"].values(), default=1)
+        k = max(st.of(LossDivision).window.sites.values(), default=1)
         if norm / k < float(limit):
             _remember_grads(st)
 
 
+def _clean_before_clip(data: _Window | None) -> bool:
+    """Whether a norm clip started on gradients the user did not rescale (asked once)."""
+    if data is None or not data.clean_before_clip:
+        return False
+    data.clean_before_clip = False
+    return True
+
+
 def _before_step(state, **_) -> None:
-    data = state.extra.get(_KEY)
-    if not data or data["divided"]:
+    data = state.of(LossDivision).window
+    if data is None or data.divided:
         return
-    k = max(data["sites"].values(), default=0)
-    state.extra[_K_KEY] = k
-    if k < 2 or any(factor * k <= _DIVIDED or factor > 1 for factor in data["factors"]):
+    k = max(data.sites.values(), default=0)
+    state.of(LossDivision).previous_k = k
+    if k < 2 or any(factor * k <= _DIVIDED or factor > 1 for factor in data.factors):
         return  # divided by about k, or scaled up on purpose
-    if data.get("rescaled") or _rescaled(state, data):
+    if data.rescaled or _rescaled(state, data):
         return  # gradients were rescaled after the last backward (e.g. p.grad /= k)
     report(
         "ACL301",

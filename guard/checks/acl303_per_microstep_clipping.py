@@ -10,10 +10,18 @@ them) is reported before torch raises. The engine checks its own `clip_grad_norm
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from guard.checks._common import report
 
 CODES = ("ACL303",)
-_KEY = "ACL303"
+
+
+@dataclass
+class Acted:
+    """What acted on this window's gradients before its step (`OptState.of`)."""
+
+    what: str | None = None  # "clip_grad_norm_", "scaler.unscale_", ...
 
 
 def install(tracker) -> None:
@@ -23,29 +31,30 @@ def install(tracker) -> None:
         _refuse_off_sync(states, f"clip_grad_{kind}_")
         for st in states:
             if st.prepared_by is None:  # prepared optimizers are judged by the sync flag
-                st.extra[_KEY] = f"clip_grad_{kind}_"
+                st.of(Acted).what = f"clip_grad_{kind}_"
 
     def before_unscale(state, **_) -> None:
         _refuse_off_sync([state], "unscale_")
-        if state.prepared_by is None and state.unscaled and _KEY not in state.extra:
+        if state.prepared_by is None and state.unscaled and state.of(Acted).what is None:
             _second_unscale(state)  # (still marked: `_after_backward` has reported it)
 
     def after_unscale(state, **_) -> None:
-        if state.prepared_by is None:
-            state.extra.setdefault(_KEY, "scaler.unscale_")
+        acted = state.of(Acted)
+        if state.prepared_by is None and acted.what is None:
+            acted.what = "scaler.unscale_"
 
     tracker.subscribe("clip", before_clip)
     tracker.subscribe("unscale_pre", before_unscale)
     tracker.subscribe("unscale", after_unscale)
     tracker.subscribe("backward", _after_backward)
-    tracker.subscribe("optimizer_step", lambda state, **_: state.extra.pop(_KEY, None))
-    tracker.subscribe("scaler_step", lambda state, **_: state.extra.pop(_KEY, None))
+    tracker.subscribe("optimizer_step", lambda state, **_: _forget([state]))
+    tracker.subscribe("scaler_step", lambda state, **_: _forget([state]))
     tracker.subscribe("zero_grad", _forget)
 
 
 def _forget(states, **_) -> None:
     for st in states:
-        st.extra.pop(_KEY, None)
+        st.of(Acted).what = None
 
 
 def _refuse_off_sync(states, what: str) -> None:
@@ -76,7 +85,7 @@ def _second_unscale(st) -> None:
 def _after_backward(states, via, **_) -> None:
     """A backward added to gradients already clipped/unscaled in this window (before the step)."""
     for st in states:
-        what = st.extra.get(_KEY)
+        what = st.of(Acted).what
         if what is None or via == "engine":
             continue
         report(

@@ -21,6 +21,8 @@ optimizers a discard right after a pass ended is still this finding.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from guard import sources
@@ -28,6 +30,13 @@ from guard._report import user_frame
 from guard.checks._common import grad_norm, report
 
 CODES = ("ACL304",)
+
+
+@dataclass
+class Discards:
+    """An optimizer's discards before its first step (`OptState.of`): one is allowed."""
+
+    seen: int = 0
 
 
 def install(tracker) -> None:
@@ -71,9 +80,9 @@ def install(tracker) -> None:
 def _is_discard(st) -> bool:
     if st.prepared_by is not None or st.steps > 0:
         return True
-    seen = st.extra.get("ACL304_discards", 0)
-    st.extra["ACL304_discards"] = seen + 1
-    return seen > 0
+    discards = st.of(Discards)
+    discards.seen += 1
+    return discards.seen > 1
 
 
 def _called_by_an_optimizer() -> bool:

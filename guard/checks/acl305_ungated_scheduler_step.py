@@ -15,12 +15,19 @@ epoch-level scheduler while the fp16 scale calibrates, as in YOLOv5's first epoc
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 
 from guard.checks._common import report
 
 CODES = ("ACL305",)
-_REAL = "ACL305_real_steps"
-_TRIED = "ACL305_attempted_steps"
+
+
+@dataclass
+class Steps:
+    """An optimizer's steps as ACL305 counts them (`OptState.of`)."""
+
+    real: int = 0  # ran and were not skipped by the GradScaler
+    tried: int = 0  # attempted, run or skipped
 
 
 def install(tracker) -> None:
@@ -29,26 +36,27 @@ def install(tracker) -> None:
 
     def before_step(state, in_scaler_step, **_) -> None:
         if not in_scaler_step:  # scaler.step counts its attempt itself, run or skipped
-            state.extra[_TRIED] = state.extra.get(_TRIED, 0) + 1
+            state.of(Steps).tried += 1
 
     def after_step(state, **_) -> None:
-        state.extra[_REAL] = state.extra.get(_REAL, 0) + 1
+        state.of(Steps).real += 1
 
     def after_scaler_step(state, ran, **_) -> None:
-        state.extra[_TRIED] = state.extra.get(_TRIED, 0) + 1
+        state.of(Steps).tried += 1
         if ran:
             ran_in_scaler_step.append(state)
 
     def after_update(skipped, **_) -> None:
         if skipped:  # the step(s) since the last update were skipped inside the kernel
             for st in ran_in_scaler_step:
-                st.extra[_REAL] = st.extra.get(_REAL, 0) - 1
+                st.of(Steps).real -= 1
         ran_in_scaler_step.clear()
 
     def before_scheduler_step(scheduler, state, via_wrapper, **_) -> None:
         if state is None or via_wrapper is not None or tracker.prepared_schedulers.get(scheduler):
             return
-        real, tried = state.extra.get(_REAL, 0), state.extra.get(_TRIED, 0)
+        steps = state.of(Steps)
+        real, tried = steps.real, steps.tried
         previous = seen_at.get(scheduler)
         seen_at[scheduler] = (real, tried)
         real_before, tried_before = previous if previous is not None else (0, 0)

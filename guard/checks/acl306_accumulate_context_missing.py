@@ -10,10 +10,19 @@ changes any parameter, and only until the first full window. The engine checks i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from guard.checks._common import report
 
 CODES = ("ACL306",)
-_KEY = "ACL306_outside"
+
+
+@dataclass
+class Outside:
+    """An optimizer's backward passes outside accumulate() (`OptState.of`)."""
+
+    backwards: int = 0  # in this window
+    full_window_seen: bool = False  # a window of N passes reached a step: the loop gates itself
 
 
 def install(tracker) -> None:
@@ -28,7 +37,7 @@ def install(tracker) -> None:
     def after_backward(states, via, **_) -> None:
         if via == "accelerate" and depth["accumulate"] == 0:
             for st in states:
-                st.extra[_KEY] = st.extra.get(_KEY, 0) + 1
+                st.of(Outside).backwards += 1
 
     tracker.subscribe("accumulate_enter", enter)
     tracker.subscribe("accumulate_exit", leave)
@@ -36,18 +45,23 @@ def install(tracker) -> None:
     tracker.subscribe("backward", after_backward, when="accelerator")
     tracker.subscribe("optimizer_step_pre", _before_step, when="accelerator")
     tracker.subscribe(
-        "optimizer_step", lambda state, **_: state.extra.pop(_KEY, None), when="accelerator"
+        "optimizer_step", lambda state, **_: _end_window(state.of(Outside)), when="accelerator"
     )
 
 
+def _end_window(outside: Outside) -> None:
+    outside.backwards = 0
+
+
 def _before_step(state, **_) -> None:
-    outside = state.extra.get(_KEY, 0)
+    seen = state.of(Outside)
+    outside = seen.backwards
     k = state.contrib_backwards
     accelerator = state.prepared_by
     n = getattr(accelerator, "gradient_accumulation_steps", 1) if accelerator else 1
     if k >= n:
-        state.extra["ACL306_full_window"] = True
-    if not outside or n <= 1 or k >= n or state.extra.get("ACL306_full_window"):
+        seen.full_window_seen = True
+    if not outside or n <= 1 or k >= n or seen.full_window_seen:
         return
     report(
         "ACL306",

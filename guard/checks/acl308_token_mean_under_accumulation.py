@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import sys
 import weakref
+from dataclasses import dataclass
 
 import torch
 
@@ -35,8 +36,15 @@ from guard.checks._common import report
 
 CODES = ("ACL308",)
 OPTIONS = {"token_bias": 0.25}
-_KEY = "ACL308_counts"
-_DDP_KEY = "ACL308_trains_ddp"  # (number of DDP modules known when computed, answer)
+
+
+@dataclass
+class TokenCounts:
+    """ACL308's state of one optimizer (`OptState.of`)."""
+
+    counts: list | None = None  # (token count, targets) of this window's backward passes
+    ddp_known: int = -1  # the number of DDP modules known when `trains_ddp` was computed
+    trains_ddp: bool = False
 
 
 def install(tracker) -> None:
@@ -55,13 +63,17 @@ def install(tracker) -> None:
         if count is None:
             return
         for st in states:
-            st.extra.setdefault(_KEY, []).append(count)
+            tokens = st.of(TokenCounts)
+            if tokens.counts is None:
+                tokens.counts = []
+            tokens.counts.append(count)
 
     def saw_ddp(module, **_) -> None:
         ddp_modules.add(module)
 
     def before_step(optimizer, state, **_) -> None:
-        counts = state.extra.pop(_KEY, None)
+        tokens = state.of(TokenCounts)
+        counts, tokens.counts = tokens.counts, None
         if not sampled_window(state.steps):
             return
         complete = bool(counts) and len(counts) == state.backwards
@@ -85,19 +97,19 @@ def install(tracker) -> None:
 
 def _forget(states, **_) -> None:
     for st in states:
-        st.extra.pop(_KEY, None)
+        st.of(TokenCounts).counts = None
 
 
 def _across_ranks(state, optimizer, ddp_modules) -> bool:
     """Whether this step's counts are gathered: the same answer on every rank of a DDP run."""
     if distributed.world_size() < 2 or not _report.enabled("ACL308") or _engine_owned(state):
         return False
-    known, answer = state.extra.get(_DDP_KEY, (-1, False))
-    if not answer and known != len(ddp_modules):  # recomputed only when a new DDP model appears
+    tokens = state.of(TokenCounts)
+    if not tokens.trains_ddp and tokens.ddp_known != len(ddp_modules):  # a new DDP model
         owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        answer = any(id(p) in owned for m in list(ddp_modules) for p in m.parameters())
-        state.extra[_DDP_KEY] = (len(ddp_modules), answer)
-    return answer
+        tokens.trains_ddp = any(id(p) in owned for m in list(ddp_modules) for p in m.parameters())
+        tokens.ddp_known = len(ddp_modules)
+    return tokens.trains_ddp
 
 
 def _engine_owned(state) -> bool:

@@ -16,7 +16,7 @@ no_sync() on the sync step never syncs. Reported at the disagreeing forward, bef
 from __future__ import annotations
 
 from guard import _report, sources
-from guard.checks._common import LEFT_OUT_OF_ACCUMULATE, first_params, report
+from guard.checks._common import first_params, report
 from guard.sources import loaders
 
 CODES = ("ACL309",)
@@ -113,7 +113,7 @@ def _mark_left_out(tracker, flags) -> None:
     window to this finding."""
     for sync, _name, module in flags:
         for st in tracker.owners(first_params(module)) if sync else []:
-            st.extra[LEFT_OUT_OF_ACCUMULATE] = True
+            st.suppress("ACL401", because="ACL309")
 
 
 def _report_mixed_sync(accelerator, flags) -> None:

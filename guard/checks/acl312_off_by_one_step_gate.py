@@ -9,9 +9,18 @@ discriminator is cleared by `opt_d.zero_grad()` and does not count).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from guard.checks._common import report
 
 CODES = ("ACL312",)
+
+
+@dataclass
+class FirstWindow:
+    """The backward passes of an optimizer's first window (`OptState.of`)."""
+
+    backwards: int | None = None
 
 
 def install(tracker) -> None:
@@ -21,9 +30,9 @@ def install(tracker) -> None:
 def _before_step(state, **_) -> None:
     k = state.contrib_backwards
     if state.steps == 0:
-        state.extra["ACL312_first_window"] = k
+        state.of(FirstWindow).backwards = k
         return
-    if state.steps != 1 or state.extra.get("ACL312_first_window") != 1 or k < 2:
+    if state.steps != 1 or state.of(FirstWindow).backwards != 1 or k < 2:
         return
     report(
         "ACL312",

@@ -15,15 +15,23 @@ extra all-reduces came from a model left out of `accelerator.accumulate()` is AC
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 
 import torch
 
 from guard import sources
-from guard.checks._common import LEFT_OUT_OF_ACCUMULATE, first_params, report
+from guard.checks._common import first_params, report
 
 CODES = ("ACL401", "ACL405")
-_SYNCED = "ACL401_synced_forwards"
-_SYNCED_AT = "ACL401_synced_at"  # the backward counter when the last synced forward was counted
+
+
+@dataclass
+class Syncs:
+    """ACL401/405's count of one DDP-trained optimizer's window (`OptState.of`)."""
+
+    synced: int = 0  # synced DDP forwards in this window
+    synced_at: int | None = None  # the backward counter when the last one was counted
+    trains_ddp: bool | None = None  # its parameters belong to a DDP model (None: not asked)
 
 
 def install(tracker) -> None:
@@ -37,19 +45,20 @@ def install(tracker) -> None:
         ddp_modules.add(module)
         if sync:
             for st in tracker.owners(first_params(module)):
-                if st.extra.get(_SYNCED_AT) != tracker.backward_id:  # once per micro-step:
-                    st.extra[_SYNCED_AT] = tracker.backward_id  # two DDP models, one backward
-                    st.extra[_SYNCED] = st.extra.get(_SYNCED, 0) + 1
+                syncs = st.of(Syncs)
+                if syncs.synced_at != tracker.backward_id:  # once per micro-step:
+                    syncs.synced_at = tracker.backward_id  # two DDP models, one backward
+                    syncs.synced += 1
 
     def before_step(optimizer, state, **_) -> None:
-        reported = state.extra.pop(LEFT_OUT_OF_ACCUMULATE, False)  # by ACL309, this window
+        reported = state.silenced_by("ACL401") is not None  # ACL309's finding, this window
         if state.backwards and _world_size() > 1 and _trains_ddp(state, optimizer, ddp_modules):
             _judge_window(state, extra_syncs_reported=reported)
-        state.extra[_SYNCED] = 0
+        state.of(Syncs).synced = 0
 
     def scaler_step(state, ran, **_) -> None:  # a skipped step ends the window too
         if not ran:
-            state.extra[_SYNCED] = 0
+            state.of(Syncs).synced = 0
 
     tracker.subscribe("ddp_created", created)
     tracker.subscribe("ddp_forward", forward)
@@ -64,16 +73,15 @@ def _world_size() -> int:
 
 def _trains_ddp(state, optimizer, ddp_modules) -> bool:
     """Whether the optimizer's parameters belong to a DDP model (computed once per optimizer)."""
-    cached = state.extra.get("ACL405_ddp")
-    if cached is None:
+    syncs = state.of(Syncs)
+    if syncs.trains_ddp is None:
         owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        cached = any(id(p) in owned for m in list(ddp_modules) for p in m.parameters())
-        state.extra["ACL405_ddp"] = cached
-    return cached
+        syncs.trains_ddp = any(id(p) in owned for m in list(ddp_modules) for p in m.parameters())
+    return syncs.trains_ddp
 
 
 def _judge_window(state, extra_syncs_reported: bool) -> None:
-    synced = state.extra.get(_SYNCED, 0)
+    synced = state.of(Syncs).synced
     k = state.backwards
     if synced == 0:
         report(

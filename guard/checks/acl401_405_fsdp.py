@@ -18,6 +18,7 @@ FSDP1), counted from the collectives.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 import torch
 
@@ -26,8 +27,14 @@ from guard.checks._common import report
 from guard.checks.acl401_405_ddp_sync import _accelerate_syncs_each_batch
 
 CODES = ("ACL401", "ACL405")
-_REDUCED = "ACL401_fsdp_reduced"  # backward passes of this window that FSDP reduce-scattered
-_SHARDED = "ACL405_sharded"  # whether the optimizer trains sharded parameters (cached)
+
+
+@dataclass
+class Sharded:
+    """What ACL401/405 know of an optimizer of sharded parameters (`OptState.of`)."""
+
+    reduced: int = 0  # backward passes of this window that FSDP reduce-scattered
+    trains_shards: bool | None = None  # whether it trains sharded parameters (None: not asked)
 
 
 class _Marks:
@@ -45,10 +52,11 @@ def install(tracker) -> None:
     def backward(states, **_) -> None:
         if marks.backward_id == tracker.backward_id:
             for st in states:
-                st.extra[_REDUCED] = st.extra.get(_REDUCED, 0) + 1
+                st.of(Sharded).reduced += 1
 
     def before_step(state, **_) -> None:  # also at a step the scaler skips: the window ends
-        reduced = state.extra.pop(_REDUCED, 0)
+        sharded = state.of(Sharded)
+        reduced, sharded.reduced = sharded.reduced, 0
         if reduced > 1 and distributed.world_size() > 1 and not _accelerate_syncs_each_batch():
             _report_every_micro_step(reduced)
 
@@ -105,12 +113,11 @@ def _report_every_micro_step(reduced: int) -> None:
 
 
 def _trains_sharded(state, optimizer) -> bool:
-    cached = state.extra.get(_SHARDED)
-    if cached is None:
+    sharded = state.of(Sharded)
+    if sharded.trains_shards is None:
         params = [p for g in optimizer.param_groups for p in g["params"]]
-        cached = any(_is_shard(p) for p in params)
-        state.extra[_SHARDED] = cached
-    return cached
+        sharded.trains_shards = any(_is_shard(p) for p in params)
+    return sharded.trains_shards
 
 
 def _is_shard(param) -> bool:

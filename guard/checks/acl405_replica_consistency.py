@@ -41,12 +41,11 @@ from guard.checks._common import report
 
 CODES = ("ACL405",)
 OPTIONS = {"replica_every": 100}
-_KEY = "ACL405_replicas"
 
 
 @dataclass
 class _Replicas:
-    """One optimizer's replica checks."""
+    """One optimizer's replica checks (`OptState.of`)."""
 
     attempts: int = 0  # steps attempted (fp16 steps the scaler skipped included)
     agreed_at: int | None = None  # the last checked step at which the ranks agreed
@@ -111,10 +110,7 @@ def install(tracker) -> None:
 
 
 def _replicas(state) -> _Replicas:
-    rep = state.extra.get(_KEY)
-    if rep is None:
-        rep = state.extra[_KEY] = _Replicas()
-    return rep
+    return state.of(_Replicas)
 
 
 def _first_param(module) -> list:

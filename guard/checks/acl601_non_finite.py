@@ -35,6 +35,8 @@ import gc
 import math
 import weakref
 from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -43,8 +45,20 @@ from guard.checks._common import grad_norm, report
 
 CODES = ("ACL601",)
 OPTIONS = {"nonfinite_policy": "raise", "anomaly": 0}
-_LOSSES, _NORM = "ACL601.losses", "ACL601.norm"
-_RAW_LOSSES = "ACL601.raw_losses"  # detached unscaled losses since the last step
+
+
+@dataclass
+class StepInputs:
+    """What ACL601 keeps of an optimizer's window until its step (`OptState.of`)."""
+
+    not_nan: list = field(default_factory=list)  # scaled losses' not-NaN flags (device tensors)
+    raw_losses: list | None = None  # detached unscaled losses since the last step
+    norm: tuple[Any, int] | None = None  # (a clip's total norm, the backward pass it saw)
+
+    def clear(self) -> None:
+        self.not_nan, self.raw_losses, self.norm = [], None, None
+
+
 # scaler -> (loss node, not-NaN flag) of a scaled loss that no backward, zero_grad or update
 # followed yet
 _UNCONSUMED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -102,7 +116,7 @@ def _after_scaled_backward(tensors, scaled_by, states, **_) -> None:
     flag = getattr(tensors[0], "_guard_loss_not_nan", None)
     if flag is not None:
         for st in states:
-            st.extra.setdefault(_LOSSES, []).append(flag)
+            st.of(StepInputs).not_nan.append(flag)
 
 
 def _after_raw_backward(tensors, scaled_by, states, **_) -> None:
@@ -112,7 +126,10 @@ def _after_raw_backward(tensors, scaled_by, states, **_) -> None:
     raw = [t.detach() for t in tensors if t.is_floating_point()]
     if raw:
         for st in states:
-            st.extra.setdefault(_RAW_LOSSES, []).extend(raw)
+            window = st.of(StepInputs)
+            if window.raw_losses is None:
+                window.raw_losses = []
+            window.raw_losses.extend(raw)
 
 
 def _all_finite(values: list[list[float]]) -> bool:
@@ -124,22 +141,21 @@ def _after_clip(backward_id: int, kind, states, result, **_) -> None:
     arrives (a backward after the clip), and then the step computes its own."""
     if kind == "norm" and isinstance(result, torch.Tensor):
         for st in states:
-            st.extra[_NORM] = (result, backward_id)
+            st.of(StepInputs).norm = (result, backward_id)
 
 
 def _after_zero_grad(states, **_) -> None:
     _UNCONSUMED.clear()  # a new iteration: an earlier scaled loss cannot be part of the next one
     for st in states:
-        for key in (_LOSSES, _NORM, _RAW_LOSSES):
-            st.extra.pop(key, None)
+        st.of(StepInputs).clear()
 
 
 def _before_scaler_step(reads, state, **_) -> None:
     """The NaN-loss flags join the step's one host read (the tracker's at `update()`): the
     scaler skips such a step anyway, so the warning may wait until then."""
-    flags = state.extra.pop(_LOSSES, [])
-    state.extra.pop(_NORM, None)
-    state.extra.pop(_RAW_LOSSES, None)
+    window = state.of(StepInputs)
+    flags = window.not_nan
+    window.clear()
     if flags:
         reads.defer(flags, _report_nan_losses)
 
@@ -159,10 +175,11 @@ def _report_nan_losses(values: list[list[float]]) -> None:
 def _before_step(reads, backward_id, optimizer, state, in_scaler_step, **_) -> None:
     """The one host read that must come before the step (its policies act before any weight
     changes): the gradient norm and the window's losses, with whatever the checks deferred."""
-    losses = state.extra.pop(_RAW_LOSSES, None)
+    window = state.of(StepInputs)
+    losses, window.raw_losses = window.raw_losses, None
     if in_scaler_step or state.scaled_pending:
         return  # the scaler's inf check runs (or ACL102 reports the bypass)
-    clipped = state.extra.pop(_NORM, None)
+    clipped, window.norm = window.norm, None
     norm = clipped[0] if clipped is not None and clipped[1] == backward_id else None
     if norm is None:
         norm = grad_norm(optimizer)

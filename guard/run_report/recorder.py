@@ -16,6 +16,7 @@ Only subscribed when a report was asked for (`ACCEL_GUARD_REPORT` / `configure(r
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,10 +29,16 @@ MAX_ROWS = 4096  # per optimizer, before thinning
 MAX_EVENTS = 4096  # skipped windows and finding markers kept
 MAX_HITS = 64  # windows remembered per finding (code, location)
 TOKEN_PROBES = 32  # backwards searched for a token-mean loss before the search stops
-_ROW = "run_report.row"  # OptState.extra: the row of the window being stepped
-_TOKENS = "run_report.tokens"  # OptState.extra: valid-token counts of this window's backwards
-_NORM = "run_report.norm"  # OptState.extra: the norm the user's clip returned this window
 FIELDS = ("window", "step", "micro_batches", "tokens", "grad_norm", "lr", "loss_scale", "skipped")
+
+
+@dataclass
+class _Window:
+    """What the recorder keeps of an optimizer's window until its row closes (`OptState.of`)."""
+
+    row: tuple | None = None  # (Row, tokens, device lr[, grad norm]) of the window being stepped
+    tokens: list | None = None  # valid-token counts of this window's backwards
+    norm: Any = None  # the norm the user's clip returned this window
 
 
 class Row:
@@ -151,26 +158,30 @@ def install(tracker) -> None:
     def after_backward(states, **_) -> None:
         tokens = pending.pop("tokens", None)
         for st in states:
-            st.extra.pop(_NORM, None)  # a norm clipped earlier in the window is stale now
+            window = st.of(_Window)
+            window.norm = None  # a norm clipped earlier in the window is stale now
             if tokens is not None:
-                st.extra.setdefault(_TOKENS, []).append(tokens[0])
+                if window.tokens is None:
+                    window.tokens = []
+                window.tokens.append(tokens[0])
 
     def after_clip(kind, states, result, **_) -> None:
         if kind == "norm" and isinstance(result, torch.Tensor):
             for st in states:
-                st.extra[_NORM] = result.detach()
+                st.of(_Window).norm = result.detach()
 
     def open_row(optimizer: Any, st) -> None:
         """A step is attempted: the window's host facts now, its device values kept."""
-        _close(tracker, st, st.extra.pop(_ROW, None))  # one whose update never came
+        window = st.of(_Window)
+        _close(tracker, st, _take_row(window))  # one whose update never came
         s = series(optimizer)
         s.windows += 1
-        tokens = st.extra.pop(_TOKENS, None)
+        tokens, window.tokens = window.tokens, None
         if not s.wants(s.windows):
             return
         row = Row(s.windows, st.steps, st.backwards, _lr(optimizer))
         s.add(row)
-        st.extra[_ROW] = (row, tokens or [], _device_lr(optimizer))
+        window.row = (row, tokens or [], _device_lr(optimizer))
 
     def before_scaler_step(optimizer, state, **_) -> None:
         open_row(optimizer, state)
@@ -178,18 +189,19 @@ def install(tracker) -> None:
     def before_step(optimizer, state, in_scaler_step, **_) -> None:
         if not in_scaler_step:
             open_row(optimizer, state)
-        entry = state.extra.get(_ROW)
+        window = state.of(_Window)
+        entry = window.row
         if entry is not None and len(entry) == 3:  # the gradients the step will apply
-            norm = state.extra.pop(_NORM, None)
-            state.extra[_ROW] = (*entry, norm if norm is not None else grad_norm(optimizer))
+            norm, window.norm = window.norm, None
+            window.row = (*entry, norm if norm is not None else grad_norm(optimizer))
 
     def after_step(state, **_) -> None:
         if tracker.flags.scaler_step is None:  # a scaler's step closes at its update
-            _close(tracker, state, state.extra.pop(_ROW, None))
+            _close(tracker, state, _take_row(state.of(_Window)))
 
     def after_scaler_step(optimizer, state, ran, **_) -> None:
         if not ran:
-            state.extra.pop(_NORM, None)
+            state.of(_Window).norm = None
 
     def after_update(sstate, skipped, scale_before, scale_after, **_) -> None:
         scale = scale_before if scale_before is not None else scale_after
@@ -200,7 +212,7 @@ def install(tracker) -> None:
             s = series(optimizer)
             if skipped:
                 s.note_skipped(s.windows)
-            entry = st.extra.pop(_ROW, None)
+            entry = _take_row(st.of(_Window))
             if entry is not None:
                 entry[0].loss_scale, entry[0].skipped = scale, bool(skipped)
                 _close(tracker, st, entry)
@@ -252,6 +264,11 @@ def _device_lr(optimizer: Any) -> Any:
     """A tensor learning rate (capturable optimizers) is read with the step's values."""
     lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
     return lr.detach() if isinstance(lr, torch.Tensor) else None
+
+
+def _take_row(window: _Window) -> tuple | None:
+    row, window.row = window.row, None
+    return row
 
 
 def _close(tracker, st, entry: tuple | None) -> None:
