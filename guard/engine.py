@@ -29,7 +29,6 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import DataLoader
 
-from guard import _engine_checks as checks
 from guard import _fsdp2, distributed
 from guard._engine_options import AccelerateOptions
 from guard._engine_processes import ProcessHelpers
@@ -38,6 +37,16 @@ from guard._engine_tracking import Tracking
 from guard._engine_unsupported import UnsupportedNames
 from guard._tracker import TRACKER
 from guard._window import Window
+from guard.checks import acl105_scaler_with_bf16 as acl105
+from guard.checks import acl107_low_precision_params as acl107
+from guard.checks import acl202_backward_in_autocast as acl202
+from guard.checks import acl302_double_loss_division as acl302
+from guard.checks import acl303_per_microstep_clipping as acl303
+from guard.checks import acl306_accumulate_context_missing as acl306
+from guard.checks import acl307_dropped_tail_window as acl307
+from guard.checks import acl308_token_mean_under_accumulation as acl308
+from guard.checks import acl601_non_finite as acl601
+from guard.checks import acl603_overflow_streak as acl603
 from guard.prepared import (
     PreparedDataLoader,
     PreparedOptimizer,
@@ -129,9 +138,9 @@ class Engine(Checkpointing, ProcessHelpers, Tracking, AccelerateOptions, Unsuppo
         self._items: Any = None  # summed num_items of the current window (None: not used)
         self._grads_ready = False  # grads of this sync step rescaled and, in fp16, unscaled
         self._unscaled: set[int] = set()  # ids of optimizers unscaled in this sync step
-        self._nonfinite = checks.NonFinite()
-        self._overflow = checks.OverflowStreak()
-        self._token_means = checks.TokenMeans()
+        self._nonfinite = acl601.EngineLosses()
+        self._overflow = acl603.EngineStreak()
+        self._token_means = acl308.EngineTokenMeans()
         self._tail_noted = False
         self._finish_accelerate_options()
 
@@ -191,14 +200,12 @@ class Engine(Checkpointing, ProcessHelpers, Tracking, AccelerateOptions, Unsuppo
     def _adopt_scaler(self, scaler: torch.amp.GradScaler) -> torch.amp.GradScaler:
         """fp16: use the caller's scaler (its init_scale, growth settings) instead of ours."""
         if self.mixed_precision != "fp16":
-            checks.scaler_outside_fp16(self.mixed_precision)
+            acl105.scaler_outside_fp16(self.mixed_precision)
         self.scaler = scaler
         return scaler
 
     def _prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        checks.low_precision_parameters(
-            model, self.scaler is not None, self.gradient_accumulation_steps
-        )
+        acl107.engine_parameters(model, self.scaler is not None, self.gradient_accumulation_steps)
         model.to(self.device)
         inner = self.unwrap_model(model)
         if self.mixed_precision in _DTYPES and not hasattr(inner, "_original_forward"):
@@ -289,11 +296,11 @@ class Engine(Checkpointing, ProcessHelpers, Tracking, AccelerateOptions, Unsuppo
     def _check_backward(self, loss: torch.Tensor, num_items: Any) -> None:
         n = self.gradient_accumulation_steps
         if n > 1 and not self._window.in_accumulate:
-            checks.backward_outside_accumulate(n)
-        checks.backward_under_autocast(self.device.type)
+            acl306.engine_backward(n)
+        acl202.engine_backward(self.device.type)
         if num_items is None:
             world = distributed.world_size()
-            checks.manual_division(loss, n, world)
+            acl302.engine_backward(loss, n, world)
             if n > 1 or world > 1:  # whether ACL308 is enabled is asked once, at the sync step
                 self._token_means.record(loss)
         if not TRACKER.active:  # when installed, the guard's ACL601 check covers every backward
@@ -324,7 +331,7 @@ class Engine(Checkpointing, ProcessHelpers, Tracking, AccelerateOptions, Unsuppo
         self._token_means.check(self.num_processes)
         if self.tail == "accelerate" and self._window.is_tail and not self._tail_noted:
             self._tail_noted = True
-            checks.tail_weight(self._window.length, self.gradient_accumulation_steps)
+            acl307.engine_tail(self._window.length, self.gradient_accumulation_steps)
         factor = self._window_factor()
         if factor is None:
             return
@@ -368,7 +375,7 @@ class Engine(Checkpointing, ProcessHelpers, Tracking, AccelerateOptions, Unsuppo
             norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
         norm = _fsdp2.plain_norm(norm)  # FSDP2: the all-reduced global norm, as a plain tensor
         if self.scaler is None and not TRACKER.active:
-            checks.NonFinite.check_norm(norm)
+            acl601.EngineLosses.check_norm(norm)
         return norm
 
     def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
@@ -381,7 +388,7 @@ class Engine(Checkpointing, ProcessHelpers, Tracking, AccelerateOptions, Unsuppo
 
     def _refuse_off_sync(self, what: str) -> None:
         if self.gradient_accumulation_steps > 1 and not self._window.sync_gradients:
-            checks.clip_off_sync(what, self._window.length, self.gradient_accumulation_steps)
+            acl303.off_sync(f"engine.{what}", self._window.length, self.gradient_accumulation_steps)
 
     def _before_optimizer_step(self) -> None:
         self._prepare_gradients()

@@ -1,8 +1,10 @@
 """Runtime checks, one module per catalogue code (or tight family of codes).
 
 Each module defines `CODES` (the codes it reports) and `install(tracker)`, which subscribes its
-callbacks to tracker events (see `guard._tracker`). Modules are discovered, so adding a file here
-is enough to ship a new check.
+callbacks to tracker events (see `guard.events`). Modules are discovered, so adding a file here
+is enough to ship a new check. A code's module also judges what `guard.Engine` sees of that code
+from the inside (its `engine_*` functions and `Engine*` classes, called by the engine), so every
+code is judged in one place.
 """
 
 from __future__ import annotations

@@ -40,3 +40,14 @@ def _before_unscale_or_step(optimizer, state, **_) -> None:
         "bf16 and the unscale kernel may not support BFloat16; remove the scaler",
         "warning",
     )
+
+
+def scaler_outside_fp16(precision: str) -> None:
+    """The engine's case: a GradScaler handed to an engine that does not train in fp16."""
+    if precision == "bf16":
+        report(
+            "ACL105",
+            "a GradScaler was passed to a bf16 engine: bf16 has fp32's exponent range, so "
+            "scaling buys nothing and would hide genuine inf steps; the engine builds no scaler",
+        )
+    raise ValueError(f"a GradScaler belongs to mixed_precision='fp16', not {precision!r}")

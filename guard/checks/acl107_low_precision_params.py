@@ -62,3 +62,24 @@ def _after_prepare(accelerator, outputs, **_) -> None:
             "accumulate in low precision; keep trainable weights in fp32",
             "warning",
         )
+
+
+def engine_parameters(model: torch.nn.Module, scaled: bool, n: int) -> None:
+    """The engine's case, at prepare: trainable fp16 parameters under its scaler, or
+    low-precision gradient sums (N > 1)."""
+    dtypes = {p.dtype for p in model.parameters() if p.requires_grad}
+    if scaled and torch.float16 in dtypes:
+        report(
+            "ACL107",
+            "the model has trainable fp16 parameters and the engine uses fp16 loss scaling: "
+            "GradScaler cannot unscale fp16 gradients; keep the weights in fp32 (autocast does "
+            "the fp16 math)",
+        )
+    low = sorted(str(d).removeprefix("torch.") for d in dtypes & {torch.float16, torch.bfloat16})
+    if n > 1 and low:
+        report(
+            "ACL107",
+            f"trainable {'/'.join(low)} parameters with {n}-step accumulation: every micro-step "
+            "adds into a low-precision .grad and loses low-order bits; keep the weights in fp32",
+            "warning",
+        )

@@ -6,6 +6,7 @@ import functools
 
 import torch
 
+from guard import _report
 from guard.checks._common import report
 
 CODES = ("ACL202",)
@@ -31,3 +32,13 @@ def _before_backward(tracker, tensors, via, **_) -> None:
         "autocast block before calling backward",
         "warning",
     )
+
+
+def engine_backward(device_type: str) -> None:
+    """The engine's case: engine.backward called inside an enabled autocast region."""
+    if torch.is_autocast_enabled(device_type) and _report.enabled("ACL202"):
+        report(
+            "ACL202",
+            "engine.backward runs inside an autocast region: only the forward belongs there "
+            "(a compiled backward can inherit fp16); call backward after the `with` block",
+        )

@@ -5,7 +5,8 @@ before it runs. Plain loops have no sync flag, so the window shows it: gradients
 unscaled) and then another backward adds to them before any optimizer step. That is reported
 right after that backward: still before the step, and before torch's "unscale_() has already
 been called" error in fp16; a second `unscale_` with no step since the first (a zero_grad between
-them) is reported before torch raises. The engine checks its own `clip_grad_norm_` (E1).
+them) is reported before torch raises. The engine's own `clip_grad_norm_` off the sync step is
+judged by `off_sync`, as a prepared optimizer's.
 """
 
 from __future__ import annotations
@@ -62,13 +63,19 @@ def _refuse_off_sync(states, what: str) -> None:
         accelerator = st.prepared_by
         n = getattr(accelerator, "gradient_accumulation_steps", 1) if accelerator else 1
         if n > 1 and not accelerator.sync_gradients:
-            report(
-                "ACL303",
-                f"{what} on a non-sync micro-step ({st.backwards} of {n} micro-batches "
-                "accumulated): it acts on a partial sum (and a second unscale_ in the window "
-                "fails in fp16); put it under `if accelerator.sync_gradients:`",
-            )
+            off_sync(what, st.backwards, n, "accelerator", "unscale_")
             return
+
+
+def off_sync(what: str, done: int, n: int, owner: str = "engine", unscale: str = "unscale") -> None:
+    """A clip or unscale while `owner`'s window is not complete (`done` of `n` micro-batches):
+    an Accelerator's prepared optimizer, or the engine's own `clip_grad_norm_`."""
+    report(
+        "ACL303",
+        f"{what} on a non-sync micro-step ({done} of {n} micro-batches accumulated): it acts "
+        f"on a partial sum (and a second {unscale} in the window fails in fp16); put it under "
+        f"`if {owner}.sync_gradients:`",
+    )
 
 
 def _second_unscale(st) -> None:

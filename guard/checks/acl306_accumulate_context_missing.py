@@ -70,3 +70,14 @@ def _before_step(state, **_) -> None:
         "the intended gradient and no accumulation happens; "
         "wrap the forward, backward and optimizer calls in `with accelerator.accumulate(model):`",
     )
+
+
+def engine_backward(n: int) -> None:
+    """The engine's case: with N > 1, a backward outside `with engine.accumulate(...)`."""
+    report(
+        "ACL306",
+        f"engine.backward outside engine.accumulate() with gradient_accumulation_steps={n}: "
+        f"the loss is divided by {n} but the window never advances, so the optimizer steps on "
+        f"every batch with 1/{n} of the gradient; wrap the micro-step in "
+        "`with engine.accumulate(model):`",
+    )

@@ -126,3 +126,16 @@ def _report_tail(tail: _Tail, usual: int | None, fate: str, level="error") -> No
         level,
         tail.location,
     )
+
+
+def engine_tail(r: int, n: int) -> None:
+    """The engine's case (a note, not a finding): a tail window of r < N micro-batches was
+    flushed with Accelerate's 1/N, the engine's documented default; a correct loop, so nothing
+    is reported."""
+    _report.note(
+        "ACL307",
+        f"the loader ended after {r} of {n} micro-batches of a window; the engine stepped on "
+        f"them, each divided by {n} as Accelerate does, so this tail counts {r}/{n} of a full "
+        f"window; Engine(tail='exact') gives it the weight of a full batch "
+        "(accel-lint --explain ACL307)",
+    )

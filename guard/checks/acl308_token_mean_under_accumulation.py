@@ -181,3 +181,40 @@ def judge(rows: list[list[float]], world: int, advice: str = RAW_ADVICE) -> None
         f"{longest / shortest:.1f}x one of the longest (bias {bias:.0%}); {advice}",
         level="warning",
     )
+
+
+ENGINE_ADVICE = "use engine.backward(loss_sum, num_items=valid_tokens) for the exact token mean"
+
+
+class EngineTokenMeans:
+    """The engine's case: token means averaged over a window (and ranks) with very different
+    token counts.
+
+    Each backward's mean-reduced NLL node gives that micro-batch's valid-token count T_i (a
+    tensor, no host read); at the sync step the counts of all ranks are gathered and the bias
+    max_i |mean(T) / T_i - 1| is reported above `token_bias` (the guard's option, default 0.25).
+    """
+
+    def __init__(self) -> None:
+        self._counts: list[torch.Tensor] = []
+        self._calls = 0
+
+    def record(self, loss: torch.Tensor) -> None:
+        self._calls += 1
+        count = _graph.token_mean_count(loss)
+        if count is not None:
+            self._counts.append(count)
+
+    def check(self, world: int) -> None:
+        """Once per sync step. With W > 1 every rank enters the gather, whatever it saw (a
+        collective entered by some ranks only would pair with the next one, or hang)."""
+        counts, calls = self._counts, self._calls
+        self._counts, self._calls = [], 0
+        if not _report.enabled("ACL308"):  # the same answer on every rank
+            return
+        complete = bool(counts) and len(counts) == calls
+        if world > 1:
+            rows = gathered_rows(counts if complete else None)
+            judge(rows, world, ENGINE_ADVICE)
+        elif complete and len(counts) >= 2:
+            judge([local_row(counts)], 1, ENGINE_ADVICE)

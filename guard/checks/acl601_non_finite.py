@@ -287,3 +287,51 @@ def _clear_gradients(optimizer) -> None:
     for group in optimizer.param_groups:
         for p in group["params"]:
             p.grad = None
+
+
+class EngineLosses:
+    """The engine's case, while the guard is not installed (installed, the checks above see
+    every backward): a non-finite loss in the window, read once at the sync step (one host
+    read)."""
+
+    def __init__(self) -> None:
+        self._losses: list[torch.Tensor] = []
+
+    def record(self, loss: torch.Tensor) -> None:
+        """Keep a detached reference: no kernel and no host read on the micro-step path."""
+        self._losses.append(loss.detach())
+
+    def check(self, scaled: bool) -> None:
+        """Report before the optimizer runs; under a scaler only as a warning (it skips)."""
+        losses, self._losses = self._losses, []
+        if not losses:
+            return
+        # a non-scalar loss is summed in fp32 (a fp16 sum could overflow); stack promotes dtypes,
+        # and one .tolist() is the single host read (cheaper than isfinite + all + bool kernels)
+        losses = [loss.float().sum() if loss.dim() else loss for loss in losses]
+        if all(math.isfinite(value) for value in torch.stack(losses).tolist()):
+            return
+        if scaled:
+            report(
+                "ACL601",
+                "a loss in this window was inf/NaN before loss scaling: the scaler will skip the "
+                "step, but an unscaled non-finite loss is a bug in the model or data, not an "
+                "overflow",
+                "warning",
+            )
+            return
+        report(
+            "ACL601",
+            "a loss in this window was inf/NaN: stepping would write it into every weight (and "
+            "Adam's moments); the step was refused before any parameter changed",
+        )
+
+    @staticmethod
+    def check_norm(norm: torch.Tensor) -> None:
+        """ACL601 for the gradient norm that clipping computed anyway (no scaler active)."""
+        if not bool(torch.isfinite(norm)):
+            report(
+                "ACL601",
+                f"the total gradient norm is {float(norm)}: stepping would write it into every "
+                "weight; the step was refused before any parameter changed",
+            )

@@ -8,6 +8,8 @@ read by the tracker between `step` and `update`) is non-zero, which also covers 
 
 from __future__ import annotations
 
+from typing import Any
+
 from guard import _report
 from guard.checks._common import report
 
@@ -20,13 +22,33 @@ def install(tracker) -> None:
 
 
 def _after_update(sstate, skipped, scale_after, **_) -> None:
-    if not skipped:
-        return
+    if skipped:
+        judge(sstate.consecutive_skips, scale_after)
+
+
+def judge(consecutive: int, scale: float) -> None:
+    """After a skipped step: `consecutive` skipped in a row, the scale now `scale` (the
+    tracker's update and the engine's own steps ask the same question)."""
     streak = int(_report.option("overflow_streak", OPTIONS["overflow_streak"]))
-    if sstate.consecutive_skips >= streak or scale_after < 1:
+    if consecutive >= streak or scale < 1:
         report(
             "ACL603",
-            f"{sstate.consecutive_skips} optimizer steps in a row were skipped for inf/NaN "
-            f"gradients and the loss scale is now {scale_after:g}: the weights stopped changing "
+            f"{consecutive} optimizer steps in a row were skipped for inf/NaN "
+            f"gradients and the loss scale is now {scale:g}: the weights stopped changing "
             "while the loop goes on; look for a loss or layer that overflows at any scale",
         )
+
+
+class EngineStreak:
+    """The engine's own count of its skipped steps, kept while the guard is not installed
+    (installed, the tracker's `update` event covers them)."""
+
+    def __init__(self) -> None:
+        self.consecutive = 0
+
+    def after_step(self, skipped: bool, scaler: Any) -> None:
+        if not skipped:
+            self.consecutive = 0
+            return
+        self.consecutive += 1
+        judge(self.consecutive, scaler.get_scale())
