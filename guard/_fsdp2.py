@@ -9,9 +9,7 @@ mechanics, which live here so that `engine.py` stays one branch per concern:
   so gradients are reduce-scattered once per optimizer step;
 - gradients are DTensors: the engine rescales their local shards in place, and reports the
   clipped norm as a plain tensor (torch's `clip_grad_norm_` over DTensors already all-reduces it);
-- checkpoints: `torch.distributed.checkpoint` with the sharded model and optimizer state dicts,
-  which it reshards on load, so another world size loads them exactly; a checkpoint saved in
-  the middle of an epoch is refused there (each rank's batches depend on the world size).
+- checkpoints: see guard/_engine_sharded.py (`torch.distributed.checkpoint`, resharded on load).
 
 A GradScaler needs nothing extra: torch's found-inf check over DTensor gradients reduces the
 flag across the shards' ranks, so every rank skips the same steps (the guard checks that).
@@ -25,13 +23,9 @@ import sys
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from guard.engine import Engine
 
 WrapPolicy = Callable[[torch.nn.Module], bool] | type | tuple[type, ...] | None
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -327,129 +321,6 @@ def refuse_mid_window() -> None:
         "holds the window's unsharded gradients itself until the sync micro-step; save after "
         "optimizer.step() on a sync step (engine.sync_gradients is True)"
     )
-
-
-# ------------------------------------------------------------------------------ checkpoints
-def _owner(engine: Engine, optimizer: Any) -> torch.nn.Module:
-    owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
-    for model in engine._models:
-        if any(id(p) in owned for p in model.parameters()):
-            return model
-    raise ValueError("an optimizer prepared by the engine trains none of its prepared models")
-
-
-def _optimizer_state(engine: Engine, prepared: Any) -> dict[str, Any]:
-    """torch's sharded optimizer state dict. For an optimizer that has not stepped yet, torch
-    takes one step with zero gradients and lr 0 to create its state: that step is marked as the
-    prepared optimizer's own, so the guard does not take it for the user's."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-    from guard._tracker import TRACKER
-
-    model = _owner(engine, prepared)
-    if not TRACKER.active:
-        return get_optimizer_state_dict(model, prepared.optimizer)
-    with TRACKER.flag("step_wrapper", prepared):
-        return get_optimizer_state_dict(model, prepared.optimizer)
-
-
-def _state(engine: Engine) -> dict[str, Any]:
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-    return {
-        "models": {str(i): get_model_state_dict(m) for i, m in enumerate(engine._models)},
-        "optimizers": {
-            str(i): _optimizer_state(engine, o) for i, o in enumerate(engine._optimizers)
-        },
-        "schedulers": {str(i): s.state_dict() for i, s in enumerate(engine._schedulers)},
-        "engine": engine.state_dict(),
-    }
-
-
-def _world(engine: Engine) -> dict[str, Any]:
-    """The world size, and whether a prepared loader's pass was left unfinished (it started and
-    has not reached its last batch): which batches each rank sees depends on the world size."""
-    from guard import distributed
-
-    unfinished = any(
-        loader.pass_rng is not None and not loader.end_of_dataloader
-        for loader in engine._dataloaders
-    )
-    return {"size": distributed.world_size(), "mid_epoch": unfinished}
-
-
-def save_state(engine: Engine, directory: str | Path) -> None:
-    """Write models, optimizers (sharded, one file per rank), schedulers, the engine's own state
-    and the world it ran on with `torch.distributed.checkpoint`; every rank must call it."""
-    import torch.distributed.checkpoint as dcp
-
-    dcp.save({**_state(engine), "world": _world(engine)}, checkpoint_id=str(directory))
-    # what differs by rank and is no tensor DCP could shard: generators, loader pass orders
-    engine._save_rank_files(Path(directory))
-
-
-def _load_rank_state(engine: Engine, directory: Path, same_world: bool) -> None:
-    """This rank's generators and loader pass states, when the checkpoint's world is this one
-    (on another one the ranks differ, and a checkpoint taken at an epoch boundary needs none)."""
-    from guard._engine_state import _restore_random_states
-
-    saved = engine._read_rank_file(directory) if same_world else None
-    if saved is None:
-        return  # written by another world size, or before these files were written
-    _restore_random_states(directory / f"random_states_{engine.process_index}.pkl")
-    engine._resume_loader_passes(saved)
-
-
-def _refuse_another_world_mid_epoch(directory: str | Path) -> bool:
-    """Loading on another world size is exact for the model and optimizer state (DCP reshards
-    them), but a pass saved mid-epoch cannot be continued: each rank's batches depend on W.
-    Returns whether the checkpoint was written by this world size."""
-    import torch.distributed.checkpoint as dcp
-
-    from guard import distributed
-
-    saved_keys = dcp.FileSystemReader(str(directory)).read_metadata().state_dict_metadata
-    if "world.size" not in saved_keys:
-        return True  # written before the world was recorded
-    saved = {"world": {"size": 0, "mid_epoch": False}}
-    dcp.load(saved, checkpoint_id=str(directory))
-    size, mid_epoch = saved["world"]["size"], saved["world"]["mid_epoch"]
-    here = distributed.world_size()
-    if mid_epoch and size != here:
-        raise RuntimeError(
-            f"this FSDP2 checkpoint was saved by {_processes(size)} in the middle of an epoch; "
-            f"loading it on {_processes(here)} would continue the epoch with other batches on "
-            f"each rank (skip_first_batches counts the batches of {_processes(size)}): resume "
-            f"it on {_processes(size)}, or save at an epoch boundary (after the loop over the "
-            "loader ends), which loads on any world size"
-        )
-    return size == here
-
-
-def _processes(count: int) -> str:
-    return f"{count} process" if count == 1 else f"{count} processes"
-
-
-def load_state(engine: Engine, directory: str | Path) -> None:
-    """Read what `save_state` wrote into the prepared models, optimizers and schedulers."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-
-    same_world = _refuse_another_world_mid_epoch(directory)
-    state = _state(engine)
-    dcp.load(state, checkpoint_id=str(directory))
-    for i, model in enumerate(engine._models):
-        set_model_state_dict(model, state["models"][str(i)])
-    for i, opt in enumerate(engine._optimizers):
-        model = _owner(engine, opt)
-        set_optimizer_state_dict(model, opt.optimizer, state["optimizers"][str(i)])
-    for i, scheduler in enumerate(engine._schedulers):
-        scheduler.load_state_dict(state["schedulers"][str(i)])
-    engine.load_state_dict(state["engine"])
-    _load_rank_state(engine, Path(directory), same_world)
 
 
 def trained_grads(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:

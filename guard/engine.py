@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader
 from guard import _fsdp2, distributed
 from guard._engine_options import AccelerateOptions
 from guard._engine_processes import ProcessHelpers
+from guard._engine_sharded import ShardedCheckpointing
 from guard._engine_state import Checkpointing
 from guard._engine_tracking import Tracking
 from guard._engine_unsupported import UnsupportedNames
@@ -83,7 +84,45 @@ class _Accumulate:
             self._stack = None
 
 
-class Engine(Checkpointing, ProcessHelpers, Tracking, AccelerateOptions, UnsupportedNames):
+class _StepHooks:
+    """The engine as the objects it prepared see it (`guard.prepared.StepHooks`)."""
+
+    __slots__ = ("_engine",)
+
+    def __init__(self, engine: Engine):
+        self._engine = engine
+
+    @property
+    def window(self) -> Window:
+        return self._engine._window
+
+    @property
+    def device(self) -> torch.device:
+        return self._engine.device
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        return self._engine.scaler
+
+    @property
+    def loaders(self) -> list[Any]:
+        return self._engine._dataloaders
+
+    def before_step(self) -> None:
+        self._engine._before_optimizer_step()
+
+    def after_step(self, optimizer: PreparedOptimizer) -> None:
+        self._engine._after_optimizer_step(optimizer)
+
+
+class Engine(
+    Checkpointing,
+    ShardedCheckpointing,
+    ProcessHelpers,
+    Tracking,
+    AccelerateOptions,
+    UnsupportedNames,
+):
     """A training engine with Accelerate's method names and correct accumulation semantics.
 
     Args:
@@ -130,6 +169,7 @@ class Engine(Checkpointing, ProcessHelpers, Tracking, AccelerateOptions, Unsuppo
         self.split_batches = split_batches
         self.fsdp_plugin = _fsdp2.resolve(fsdp_plugin)
         self._window = Window(gradient_accumulation_steps)
+        self._hooks = _StepHooks(self)  # what the prepared objects may ask of the engine
         self._plain_accumulate = _Accumulate(self._window, [])  # stateless without DDP: reused
         self.scaler = torch.amp.GradScaler(self.device.type) if mixed_precision == "fp16" else None
         self._models: list[torch.nn.Module] = []
@@ -182,7 +222,7 @@ class Engine(Checkpointing, ProcessHelpers, Tracking, AccelerateOptions, Unsuppo
         if isinstance(obj, PreparedOptimizer):
             return obj
         if isinstance(obj, torch.optim.Optimizer):
-            optimizer = PreparedOptimizer(obj, self)
+            optimizer = PreparedOptimizer(obj, self._hooks)
             self._optimizers.append(optimizer)
             if TRACKER.active:  # the guard's checks judge this optimizer by the engine's rules
                 state = TRACKER.state(obj)
@@ -190,7 +230,7 @@ class Engine(Checkpointing, ProcessHelpers, Tracking, AccelerateOptions, Unsuppo
                 TRACKER.establish("prepared")
             return optimizer
         if isinstance(obj, DataLoader):
-            return PreparedDataLoader(obj, self)
+            return PreparedDataLoader(obj, self._hooks)
         if _is_scheduler(obj):
             return obj
         if isinstance(obj, torch.amp.GradScaler):
@@ -228,7 +268,7 @@ class Engine(Checkpointing, ProcessHelpers, Tracking, AccelerateOptions, Unsuppo
         owners = [o for o in self._optimizers if o.optimizer is inner or o is inner]
         if not owners:
             raise ValueError("prepare the scheduler's optimizer with (or before) the scheduler")
-        prepared = PreparedScheduler(scheduler, owners, self, self.split_batches)
+        prepared = PreparedScheduler(scheduler, owners, self._hooks, self.split_batches)
         self._schedulers.append(prepared)
         if TRACKER.active:
             TRACKER.prepared_schedulers[scheduler] = (self, prepared)
@@ -454,15 +494,6 @@ class Engine(Checkpointing, ProcessHelpers, Tracking, AccelerateOptions, Unsuppo
             for param, grad in zip(params, state["grads"], strict=True):
                 param.grad = None if grad is None else grad.to(param.device, param.dtype)
             self._credit_restored_window()
-
-    def save_sharded_state(self, directory: Any) -> None:
-        """FSDP2: models, optimizers, schedulers and this engine's state, written sharded (one
-        file per rank) by torch.distributed.checkpoint; every rank calls it."""
-        _fsdp2.save_state(self, directory)
-
-    def load_sharded_state(self, directory: Any) -> None:
-        """Restore what `save_sharded_state` wrote; prepare the same objects first."""
-        _fsdp2.load_state(self, directory)
 
 
 def _resolve_device(device: str | torch.device | None) -> torch.device:

@@ -11,18 +11,40 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from guard import _patch, distributed
 from guard._tracker import TRACKER
-
-if TYPE_CHECKING:
-    from guard.engine import Engine
+from guard._window import Window
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+class StepHooks(Protocol):
+    """What the prepared objects ask of the engine that prepared them, and nothing more: its
+    accumulation window, its device and scaler, the calls around a real optimizer step, and the
+    list its prepared loaders join (for save_state). `guard.Engine` hands them its own."""
+
+    @property
+    def window(self) -> Window: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None: ...
+
+    @property
+    def loaders(self) -> list[Any]: ...
+
+    def before_step(self) -> None:
+        """Once the sync step's optimizer is about to step (the window's normalisation)."""
+
+    def after_step(self, optimizer: PreparedOptimizer) -> None:
+        """After it stepped (or the scaler skipped it: `optimizer.step_was_skipped`)."""
 
 
 def to_fp32(value: Any) -> Any:
@@ -91,11 +113,11 @@ class PreparedOptimizer(torch.optim.Optimizer):
     and `opt.param_groups[0]["lr"]` keep working on either object.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, engine: Engine):
+    def __init__(self, optimizer: torch.optim.Optimizer, hooks: StepHooks):
         # Deliberately no super().__init__: all optimizer state lives in `optimizer`.
         self.optimizer = optimizer
-        self._engine = engine
-        self._window = engine._window  # read directly on every micro-step (no property hop)
+        self._hooks = hooks
+        self._window = hooks.window  # read directly on every micro-step (no property hop)
         self.step_was_skipped = False
 
     @property
@@ -138,17 +160,17 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         if not self._window.sync_gradients:
             return None
-        self._engine._before_optimizer_step()
+        self._hooks.before_step()
         if TRACKER.active:  # the guard's step checks learn that the engine is stepping
             with TRACKER.flag("step_wrapper", self):
                 result = self._inner_step(closure)
         else:
             result = self._inner_step(closure)
-        self._engine._after_optimizer_step(self)
+        self._hooks.after_step(self)
         return result
 
     def _inner_step(self, closure: Any) -> Any:
-        scaler = self._engine.scaler
+        scaler = self._hooks.scaler
         if scaler is None:
             self.step_was_skipped = False
             return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
@@ -181,16 +203,16 @@ class PreparedScheduler:
         self,
         scheduler: Any,
         optimizers: list[PreparedOptimizer],
-        engine: Engine,
+        hooks: StepHooks,
         split_batches: bool,
     ):
         self.scheduler = scheduler
         self.optimizers = optimizers
-        self._engine = engine
+        self._window = hooks.window
         self.split_batches = split_batches
 
     def step(self, *args: Any, **kwargs: Any) -> None:
-        if not self._engine.sync_gradients:
+        if not self._window.sync_gradients:
             return
         if any(opt.step_was_skipped for opt in self.optimizers):
             return
@@ -260,8 +282,8 @@ class PreparedDataLoader:
     Under W > 1 it shards a map-style loader's batches across ranks (see `_ShardedBatches`).
     """
 
-    def __init__(self, loader: DataLoader, engine: Engine):
-        self._engine = engine
+    def __init__(self, loader: DataLoader, hooks: StepHooks):
+        self._hooks = hooks
         self.base_loader = loader
         self.end_of_dataloader = False
         self.remainder = 0  # real samples in the last global batch; 0 when it is full
@@ -269,7 +291,7 @@ class PreparedDataLoader:
         self.skip_batches = 0  # batches the next pass drops first (resuming mid-epoch)
         self.pass_rng: Any = None  # generator states the current pass drew its order from
         self.resume_rng: Any = None  # pass_rng of the interrupted run, set by load_state
-        engine._dataloaders.append(self)  # save_state keeps pass_rng for an exact resume
+        hooks.loaders.append(self)  # save_state keeps pass_rng for an exact resume
 
     def _shard(self, loader: DataLoader) -> DataLoader:
         if isinstance(loader.sampler, torch.utils.data.DistributedSampler):
@@ -329,8 +351,8 @@ class PreparedDataLoader:
         return iterator
 
     def __iter__(self) -> Iterator[Any]:
-        window = self._engine._window
-        device = self._engine.device
+        window = self._hooks.window
+        device = self._hooks.device
         self.end_of_dataloader = False
         window.loaders.append(self)
         try:
