@@ -39,14 +39,14 @@ from guard._engine_unsupported import UnsupportedNames
 from guard._tracker import TRACKER
 from guard._window import Window
 from guard.checks import acl105_scaler_with_bf16 as acl105
-from guard.checks import acl107_low_precision_params as acl107
+from guard.checks import acl107_fp16_params_with_scaler as acl107
 from guard.checks import acl202_backward_in_autocast as acl202
 from guard.checks import acl302_double_loss_division as acl302
 from guard.checks import acl303_per_microstep_clipping as acl303
 from guard.checks import acl306_accumulate_context_missing as acl306
 from guard.checks import acl307_dropped_tail_window as acl307
 from guard.checks import acl308_token_mean_under_accumulation as acl308
-from guard.checks import acl601_non_finite as acl601
+from guard.checks import acl601_non_finite_loss_or_grad as acl601
 from guard.checks import acl603_overflow_streak as acl603
 from guard.prepared import (
     PreparedDataLoader,

@@ -10,7 +10,7 @@
 FSDP1 models are noticed when they are built, through torch's public module-registration hook
 (an FSDP1 wrapper registers the module it wraps as its child). FSDP2's DTensor parameters need
 nothing here (torch's clip all-reduces their norm); a clip over their local shards is reported
-by `acl104_fsdp2_local_shards`.
+by `acl104_clip_scaled_grads_fsdp2`.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import torch
 
 from guard import _patch, distributed
 from guard.checks._common import report
-from guard.checks.acl401_405_ddp_sync import _accelerate_syncs_each_batch
+from guard.checks.acl401_ddp_missing_no_sync import _accelerate_syncs_each_batch
 
 CODES = ("ACL401", "ACL405")
 
