@@ -1,6 +1,6 @@
 """FSDP2 (`torch.distributed.fsdp.fully_shard`) for `guard.Engine`.
 
-The engine keeps its DDP semantics (loss / N, the tail window, `num_items`) and only swaps the
+The engine keeps its DDP semantics (loss / K, the tail window, `num_items`) and only swaps the
 mechanics, which live here so that `engine.py` stays one branch per concern:
 
 - sharding: `fully_shard` on each block chosen by the plugin's policy, then on the root, with a

@@ -10,7 +10,7 @@ from typing import Any
 
 
 class Window:
-    """Micro-step counter for N-step accumulation, with the loader-end forced sync."""
+    """Micro-step counter for K-step accumulation, with the loader-end forced sync."""
 
     def __init__(self, num_steps: int):
         if num_steps < 1:
@@ -29,7 +29,7 @@ class Window:
         return bool(self.loaders) and self.loaders[-1].end_of_dataloader
 
     def advance(self) -> None:
-        """Enter one micro-step: sync when the count reaches N or the active loader is ending."""
+        """Enter one micro-step: sync when the count reaches K or the active loader is ending."""
         if self.sync_gradients:
             self.length = 0  # the previous micro-step closed a window
         self.length += 1
@@ -43,7 +43,7 @@ class Window:
 
     @property
     def is_tail(self) -> bool:
-        """True on a sync step that closes a window shorter than N (the loader ran out)."""
+        """True on a sync step that closes a window shorter than K (the loader ran out)."""
         return self.sync_gradients and self.forced and self.length < self.num_steps
 
     def state_dict(self) -> dict[str, Any]:

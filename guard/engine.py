@@ -7,8 +7,8 @@ reference points at the top of CATALOG.md, with these documented differences:
   (Accelerate silently trains fp32 there while reporting fp16).
 - A skipped fp16 step is detected by the scale back-off, so fused and capturable optimizers
   never advance the scheduler on a skipped step (Accelerate's skip flag misses them).
-- `tail="exact"` weights a tail window of r < N micro-batches by 1/r instead of Accelerate's
-  1/N (the default, `tail="accelerate"`, keeps Accelerate's r/N weight).
+- `tail="exact"` weights a tail window of r < K micro-batches by 1/r instead of Accelerate's
+  1/K (the default, `tail="accelerate"`, keeps Accelerate's r/K weight).
 - `backward(loss_sum, num_items=n)` normalises by the item count of the whole window across all
   ranks, which gives the exact large-batch gradient for variable-length token losses.
 - `state_dict()` also holds the gradients of a half-finished window, so resuming mid-window gives
@@ -128,9 +128,9 @@ class Engine(
     Args:
         mixed_precision: "no", "fp16" (autocast + GradScaler, also on CPU) or "bf16" (autocast,
             never a scaler).
-        gradient_accumulation_steps: N, the micro-steps per optimizer step.
+        gradient_accumulation_steps: K, the micro-steps per optimizer step.
         device: where models and batches go; default cuda:<local rank> if CUDA is present, else CPU.
-        tail: how a tail window of r < N micro-batches is weighted: "accelerate" (1/N each, as
+        tail: how a tail window of r < K micro-batches is weighted: "accelerate" (1/K each, as
             Accelerate) or "exact" (1/r each, as a full batch of the remaining samples).
         split_batches: as in Accelerate, whether the scheduler steps once (True) or W times (False)
             per optimizer step.
@@ -311,7 +311,7 @@ class Engine(
 
     # ---------------------------------------------------------------------------- backward
     def backward(self, loss: torch.Tensor, num_items: Any = None, **kwargs: Any) -> None:
-        """Backward of `loss / N` (scaled in fp16); the caller's tensor is left untouched.
+        """Backward of `loss / K` (scaled in fp16); the caller's tensor is left untouched.
 
         With `num_items`, `loss` is a sum over `num_items` items (tokens, samples) of this
         micro-batch on this rank; at the sync step the window's gradient is divided by the total

@@ -1,7 +1,7 @@
-"""ACL101: a backward pass that skips the loss scaling or 1/N division its loop relies on.
+"""ACL101: a backward pass that skips the loss scaling or 1/K division its loop relies on.
 
 Accelerate or guard.Engine: a raw `loss.backward()` reaching a prepared optimizer whose owner
-divides by N or scales the loss. Plain AMP loops: at the first `unscale_`/`step` of a window,
+divides by K or scales the loss. Plain AMP loops: at the first `unscale_`/`step` of a window,
 backward passes that reached the optimizer without `scaler.scale()` (reported before torch's
 `_scale is None` assertion, or before their gradients are divided by S and vanish).
 """

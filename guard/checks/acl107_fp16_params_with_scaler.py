@@ -1,6 +1,6 @@
 """ACL107: trainable fp16 parameters under a GradScaler, or low-precision gradient accumulation.
 
-fp16 gradients make `unscale_` fail (reported before torch's ValueError); accumulating N > 1
+fp16 gradients make `unscale_` fail (reported before torch's ValueError); accumulating K > 1
 micro-batches into fp16/bf16 `.grad` loses low-order bits at every addition (a warning).
 """
 
@@ -66,7 +66,7 @@ def _after_prepare(accelerator, outputs, **_) -> None:
 
 def engine_parameters(model: torch.nn.Module, scaled: bool, n: int) -> None:
     """The engine's case, at prepare: trainable fp16 parameters under its scaler, or
-    low-precision gradient sums (N > 1)."""
+    low-precision gradient sums (K > 1)."""
     dtypes = {p.dtype for p in model.parameters() if p.requires_grad}
     if scaled and torch.float16 in dtypes:
         report(

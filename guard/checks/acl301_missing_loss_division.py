@@ -1,6 +1,6 @@
 """ACL301 (heuristic warning): an accumulation window of k micro-batches summed, none divided.
 
-Only raw loops: the engine and Accelerate divide by N themselves (a raw backward on their
+Only raw loops: the engine and Accelerate divide by K themselves (a raw backward on their
 objects is ACL101). At each backward the root of the loss graph is read for a constant factor
 (`loss / k`, `loss * (1 / k)`) and the user's line that called backward is noted. At the step:
 

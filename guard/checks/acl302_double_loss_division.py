@@ -1,8 +1,8 @@
-"""ACL302 (warning): a loss divided by N by hand and again by `accelerator.backward`.
+"""ACL302 (warning): a loss divided by K by hand and again by `accelerator.backward`.
 
-Accelerate divides the loss by N before its own `loss.backward()`, so the graph root seen there
-is that division; a further constant factor of 1/N right behind it is the user's. A warning, not
-an error: a divisor can equal N by coincidence. The engine's backward is judged by
+Accelerate divides the loss by K before its own `loss.backward()`, so the graph root seen there
+is that division; a further constant factor of 1/K right behind it is the user's. A warning, not
+an error: a divisor can equal K by coincidence. The engine's backward is judged by
 `engine_backward`, which also reports a loss divided by the world size (ACL402).
 """
 
@@ -36,7 +36,7 @@ def _check(root, n: int) -> None:
     total = _graph.root_factor(root)
     if total is None:
         return
-    user_factor = total * n  # undo Accelerate's own 1/N
+    user_factor = total * n  # undo Accelerate's own 1/K
     if math.isclose(user_factor, 1.0 / n, rel_tol=1e-6):
         report(
             "ACL302",
@@ -50,7 +50,7 @@ def _check(root, n: int) -> None:
 
 def engine_backward(loss: torch.Tensor, n: int, world: int) -> None:
     """The engine's case, ACL302 and ACL402: the loss reaching engine.backward was already
-    divided by N or by W (the engine divides by N, DDP averages over W)."""
+    divided by K or by W (the engine divides by K, DDP averages over W)."""
     if n == 1 and world == 1 or type(loss.grad_fn).__name__ not in _FACTOR_ROOTS:
         return  # the usual case: the loss's root is the loss function itself, not a factor
     if not (_report.enabled("ACL302") or _report.enabled("ACL402")):
@@ -62,7 +62,7 @@ def engine_backward(loss: torch.Tensor, n: int, world: int) -> None:
         report(
             "ACL302",
             f"the loss passed to engine.backward is already multiplied by {factor:g} = 1/{n}, "
-            f"and the engine divides by N={n} again: gradients are {n}x too small; pass the "
+            f"and the engine divides by K={n} again: gradients are {n}x too small; pass the "
             "undivided loss",
             "warning",
         )

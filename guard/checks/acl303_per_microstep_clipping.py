@@ -1,6 +1,6 @@
 """ACL303: clipping or unscaling partial gradient sums on a non-sync micro-step.
 
-Accelerate: a clip or `unscale_` while `accelerator.sync_gradients` is False (N > 1) is refused
+Accelerate: a clip or `unscale_` while `accelerator.sync_gradients` is False (K > 1) is refused
 before it runs. Plain loops have no sync flag, so the window shows it: gradients clipped (or
 unscaled) and then another backward adds to them before any optimizer step. That is reported
 right after that backward: still before the step, and before torch's "unscale_() has already

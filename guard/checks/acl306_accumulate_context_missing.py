@@ -1,9 +1,9 @@
-"""ACL306: `gradient_accumulation_steps=N > 1` but the optimizer steps on backward passes made
+"""ACL306: `gradient_accumulation_steps=K > 1` but the optimizer steps on backward passes made
 outside `accelerator.accumulate()`.
 
-`accelerator.backward` divides by N either way, but only `accumulate()` advances the micro-step
-counter; without it the prepared optimizer steps on every batch with 1/N of the gradient. A loop
-that gates the step on N itself is fine (N passes reach the step; its last window may be a shorter
+`accelerator.backward` divides by K either way, but only `accumulate()` advances the micro-step
+counter; without it the prepared optimizer steps on every batch with 1/K of the gradient. A loop
+that gates the step on K itself is fine (K passes reach the step; its last window may be a shorter
 tail, as in Accelerate's autoregressive example), so the check runs at the step, before it
 changes any parameter, and only until the first full window. The engine checks its own loops.
 """
@@ -22,7 +22,7 @@ class Outside:
     """An optimizer's backward passes outside accumulate() (`OptState.of`)."""
 
     backwards: int = 0  # in this window
-    full_window_seen: bool = False  # a window of N passes reached a step: the loop gates itself
+    full_window_seen: bool = False  # a window of K passes reached a step: the loop gates itself
 
 
 def install(tracker) -> None:
@@ -73,7 +73,7 @@ def _before_step(state, **_) -> None:
 
 
 def engine_backward(n: int) -> None:
-    """The engine's case: with N > 1, a backward outside `with engine.accumulate(...)`."""
+    """The engine's case: with K > 1, a backward outside `with engine.accumulate(...)`."""
     report(
         "ACL306",
         f"engine.backward outside engine.accumulate() with gradient_accumulation_steps={n}: "

@@ -7,7 +7,7 @@ finishes the window with the next pass on purpose. So the tail is noted at the p
 judged by what happens to it:
 
 - the next step of that optimizer takes more backward passes than its usual window: the tail
-  leaked into the next epoch's first window (N + r micro-batches). An error, raised before that
+  leaked into the next epoch's first window (K + r micro-batches). An error, raised before that
   step changes any parameter;
 - a `zero_grad` throws it away before any step (an epoch that starts with `zero_grad()`): an
   error, at that call;
@@ -129,8 +129,8 @@ def _report_tail(tail: _Tail, usual: int | None, fate: str, level="error") -> No
 
 
 def engine_tail(r: int, n: int) -> None:
-    """The engine's case (a note, not a finding): a tail window of r < N micro-batches was
-    flushed with Accelerate's 1/N, the engine's documented default; a correct loop, so nothing
+    """The engine's case (a note, not a finding): a tail window of r < K micro-batches was
+    flushed with Accelerate's 1/K, the engine's documented default; a correct loop, so nothing
     is reported."""
     _report.note(
         "ACL307",

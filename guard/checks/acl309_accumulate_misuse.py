@@ -2,7 +2,7 @@
 
 (a) two entries for one batch drawn from the prepared loader (one per model) tick the counter
 twice (a batch is identified by the active loader and the number of batches fetched so far);
-(b) two backward passes in one entry that reach the same optimizers make a window of k*N passes;
+(b) two backward passes in one entry that reach the same optimizers make k times K passes;
 (c) an entry with no prepared loader active (a plain loader, a list): the end-of-loader flush
 never fires. Code that opted out with `sync_with_dataloader=False` manages its own windows and
 is left alone for (a) and (c). Each is reported before the damage: at the second entry, at the
@@ -81,7 +81,7 @@ def _report_second_entry(accelerator, models) -> None:
     report(
         "ACL309",
         f"a second accelerator.accumulate() entry ({names}) for the same batch: the micro-step "
-        f"counter ticks twice per batch, so with N={n} windows are {n // 2 or 1} batches long "
+        f"counter ticks twice per batch, so with K={n} windows are {n // 2 or 1} batches long "
         "and the models entered separately sync at different times; enter once per batch with "
         "all models: `with accelerator.accumulate(model_a, model_b):`",
     )
@@ -91,7 +91,7 @@ def _report_unprepared_loader(accelerator) -> None:
     report(
         "ACL309",
         "accelerator.accumulate() is entered while no prepared dataloader is being iterated "
-        f"(N={accelerator.gradient_accumulation_steps}): the end-of-loader sync never fires, so "
+        f"(K={accelerator.gradient_accumulation_steps}): the end-of-loader sync never fires, so "
         "the tail of each epoch joins the next epoch's window; pass the loader through "
         "accelerator.prepare (or opt out with GradientAccumulationPlugin(sync_with_dataloader="
         "False) and manage windows yourself)",
@@ -140,7 +140,7 @@ def _report_mixed_sync(accelerator, flags) -> None:
     report(
         "ACL309",
         f"DDP models called in one micro-step disagree on gradient sync: {calls} (in call order; "
-        f"N={n}): {consequence}; enter once with every model trained in the window: "
+        f"K={n}): {consequence}; enter once with every model trained in the window: "
         "`with accelerator.accumulate(model_a, model_b):`",
         "error" if accelerator.sync_gradients else "warning",
     )

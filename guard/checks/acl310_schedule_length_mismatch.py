@@ -10,10 +10,10 @@ extrapolates the run's length:
   over and training has gone on for more than half as many steps again as the schedule lasted,
   the schedule was exhausted early (e.g. sized per process while stepped W times per optimizer
   step): reported then, during training. Smaller overruns are rounding (floor vs ceil of
-  `len(loader) / N` per epoch) and pass.
+  `len(loader) / K` per epoch) and pass.
 - At exit, a run that ended at the end of a pass over its training loader, without an uncaught
   exception, is judged for the opposite error: a position below H / 2 means the schedule never
-  decayed as planned (e.g. sized in micro-batches under N-step accumulation). A run that stopped
+  decayed as planned (e.g. sized in micro-batches under K-step accumulation). A run that stopped
   mid-epoch (a `max_steps` budget, a manual break) or crashed says nothing about the plan.
 
 Not judged: warm-up-only, constant, step-wise (StepLR, MultiStepLR), ExponentialLR, periodic,
@@ -198,7 +198,7 @@ def _report_exhausted(scheduler, entry, accelerator, wrapper, step, prepared_at)
 def _report_short(scheduler, accelerator, horizon: int, position: int, prepared_at) -> None:
     n = getattr(accelerator, "gradient_accumulation_steps", 1)
     hint = (
-        f"; {position} x N={n} = {position * n}: the length looks counted in micro-batches"
+        f"; {position} x K={n} = {position * n}: the length looks counted in micro-batches"
         if n > 1 and abs(position * n - horizon) <= n
         else ""
     )

@@ -5,7 +5,7 @@ FSDP1), counted from the collectives.
   off (`model.set_requires_gradient_sync(False)` in FSDP2, `model.no_sync()` in FSDP1). The
   guard wraps `torch.distributed.reduce_scatter_single` / `reduce_scatter_tensor`, marks each
   backward pass during which one was issued (FSDP's post-backward hooks), and at the
-  optimizer's step counts the marked passes of its window: more than one is N-fold
+  optimizer's step counts the marked passes of its window: more than one is K-fold
   communication for the same update.
 - ACL405: a GradScaler must skip a step on every rank or on none. Each rank sees only its shard
   of the gradients, so a scaler that checks them for inf/NaN rank by rank (torch.amp.GradScaler

@@ -79,7 +79,7 @@ def test_acl309_tower_left_out_of_accumulate_warns_it_syncs_every_micro_step(ran
         assert level == "warning"
         assert (  # tower_a entered accumulate(), tower_b was left out
             "disagree on gradient sync: model 1 (Linear) waits under no_sync(), "
-            "model 2 (Sequential) all-reduces in its backward (in call order; N=2): a model "
+            "model 2 (Sequential) all-reduces in its backward (in call order; K=2): a model "
             "left out of accelerator.accumulate() all-reduces on every micro-step"
         ) in message
 
@@ -96,7 +96,7 @@ def test_acl309_tower_waiting_on_the_sync_step_raises_before_its_backward(ranks)
         assert result["raised"] == "ACL309"
         assert (
             "model 1 (Linear) all-reduces in its backward, model 2 (Sequential) waits under "
-            "no_sync() (in call order; N=2): this is the sync step"
+            "no_sync() (in call order; K=2): this is the sync step"
         ) in result["message"]
         assert result["before_backward"] is False  # the first window's micro-step ran
         assert result["params_unchanged"]  # ... but no optimizer step applied it

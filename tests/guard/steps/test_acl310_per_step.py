@@ -174,7 +174,7 @@ def test_acl310_far_short_is_still_judged_at_the_end_of_a_finished_run(all_codes
     assert "built for 24 steps but training ended at step 6 (25% of the schedule)" in (
         finding.message
     )
-    assert "6 x N=4 = 24: the length looks counted in micro-batches" in finding.message
+    assert "6 x K=4 = 24: the length looks counted in micro-batches" in finding.message
 
 
 def test_acl310_with_two_processes_per_process_length_is_reported_during_training(two_ranks):
