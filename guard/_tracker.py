@@ -22,13 +22,13 @@ before per-micro-step work), `autocast_stack` (open `AutocastFrame`s), `regions_
 (enabled, grad-enabled regions entered since the last backward), `accelerator()` (the latest
 Accelerator), `prepared_schedulers` (inner scheduler -> (accelerator, wrapper)), `owners(params)`.
 
-Writing a check: add `guard/checks/<module>.py` with `CODES = (...)` and `install(tracker)` that
-subscribes; it is discovered automatically. A subscriber that cannot find anything until some
-fact holds (a GradScaler scaled a loss, an Accelerator exists; see `FACTS`) subscribes with
-`when=fact`: until then it is not called, so loops that never get there do not pay for it on
-every micro-step. The engine marks its own calls with
-`TRACKER.owning("engine")` (backward), `TRACKER.autocast_origin("engine")` (its autocast) and
-`TRACKER.flag("step_wrapper", wrapper)` / `flag("sched_wrapper", wrapper)` (prepared objects).
+Writing a check: add `guard/checks/aclNNN_<rule>.py` (its rule's module name) with `CODES = (...)`
+and `install(tracker)` that subscribes; it is discovered automatically. A subscriber that cannot
+find anything until some fact holds (a GradScaler scaled a loss, an Accelerator exists; see `FACTS`)
+subscribes with `when=fact`: until then it is not called, so loops that never get there do not pay
+for it on every micro-step. The engine marks its own calls with `TRACKER.owning("engine")`
+(backward), `TRACKER.autocast_origin("engine")` (its autocast) and `TRACKER.flag("step_wrapper",
+wrapper)` / `flag("sched_wrapper", wrapper)` (prepared objects).
 """
 
 from __future__ import annotations
