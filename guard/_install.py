@@ -103,8 +103,9 @@ def install() -> bool:
             return True
         if not mode_allows():
             return False
-        from guard import _tracker, checks
+        from guard import _run_settings, _tracker, checks
 
+        _run_settings.install()  # the command line's settings, for messages and the report
         _tracker.TRACKER.install()
         _tracker.TRACKER.rebind_imported_clips([sys.modules.get("__main__")])
         checks.install_all(_tracker.TRACKER)

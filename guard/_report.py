@@ -321,6 +321,9 @@ def report(code: str, message: str, level: Level = "error", location: str | None
         if code not in RUN_CODES:
             return  # the framework's own loop: nothing the user can change
         location = _beyond_frameworks() or location
+    settings = sys.modules.get("guard._run_settings")
+    if settings is not None:
+        message = settings.with_cause(code, message)  # "this run sets --k 4 (default 1)"
     key = (code, location)
     with _lock:
         seen = _state.findings.get(key)
@@ -377,6 +380,9 @@ def reset() -> None:
     recording = sys.modules.get("guard.run_report.recorder")
     if recording is not None:
         recording.forget()
+    settings = sys.modules.get("guard._run_settings")
+    if settings is not None:
+        settings.reset()
 
 
 def summary_text() -> str:

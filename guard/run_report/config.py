@@ -32,7 +32,16 @@ def configuration(tracker: Any, rec: Any) -> dict:
         "optimizers": [_optimizer_row(s) for s in (rec.series if rec else [])],
         "schedulers": _schedulers(tracker, rec),
         "torch": _torch_version(),
+        "settings": _settings(),
     }
+
+
+def _settings() -> list[dict]:
+    """The command line's settings (argparse, nanoGPT's configurator): value, default and
+    whether this run changed it."""
+    from guard import _run_settings
+
+    return _run_settings.rows()
 
 
 def _owner(tracker: Any, rec: Any) -> Any:

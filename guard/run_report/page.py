@@ -78,12 +78,23 @@ def _config_table(config: dict) -> str:
         ("world size", config.get("world_size")),
         ("optimizers", optimizers or "none seen"),
         ("schedulers", ", ".join(config.get("schedulers", [])) or "none stepped"),
+        ("settings changed", _changed(config.get("settings", []))),
         ("guard mode", config.get("mode")),
         ("torch", config.get("torch")),
         ("command", " ".join([config.get("script") or "?", *config.get("argv", [])])),
     ]
     body = "".join(f"<tr><th>{escape(k)}</th><td>{escape(str(v))}</td></tr>" for k, v in rows)
     return f'<table class="config">{body}</table>'
+
+
+def _changed(settings: list[dict]) -> str:
+    """The settings this run changed from their defaults: `--k 4 (default 1)`."""
+    changed = [
+        f"{s['option']} {s['value']} (default {s['default']})" for s in settings if s["changed"]
+    ]
+    if changed:
+        return "; ".join(changed)
+    return "none (every option at its default)" if settings else "no command-line options seen"
 
 
 def _findings_section(findings: list[dict]) -> str:
