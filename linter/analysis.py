@@ -267,14 +267,15 @@ _WHERE_WRITTEN = frozenset({"ACL000", "ACL203"})
 def _reached_from_the_file(d: Diagnostic, context) -> Diagnostic | None:
     """A finding inside a definition the file imports (its loss function, its step helper)
     exists because of the file's loop: it is reported where the file uses the definition, and
-    says where the code to change is. A finding in another module's caller of the file is that
-    module's own finding, never this file's."""
+    says where the code to change is. A finding in another module's caller of the file, or in
+    an imported function with a loop of its own (an imported `train_one_epoch`), is found when
+    that module is linted: it is never this file's too."""
     from dataclasses import replace
 
     from linter.types import Position
 
     origin = context.origin(d.start.line)
-    if origin is None or origin.caller or d.code in _WHERE_WRITTEN:
+    if origin is None or origin.caller or origin.loop or d.code in _WHERE_WRITTEN:
         return None
     use = context.use_of(origin.name)
     if use is None:

@@ -69,6 +69,12 @@ def test_ddp_wrap_in_main_reaches_the_engine_loop(tree, at):
     assert tree.findings("engine.py", "ACL401", alone=True) == []
 
 
+def test_the_main_does_not_repeat_the_engines_finding(tree, at):
+    """main_finetune.py reads train_one_epoch (a loop of its own): the engine's run reports it."""
+    tree.write({"engine.py": ENGINE, "main_finetune.py": MAIN})
+    assert tree.findings("main_finetune.py", "ACL401") == []
+
+
 def test_engine_imported_as_a_module(tree, at):
     main = MAIN.replace("from engine import train_one_epoch", "import engine").replace(
         "        train_one_epoch(", "        engine.train_one_epoch("
