@@ -111,7 +111,7 @@ def _syntax_error_line(path: Path, failure) -> str:
     """The ACL000 line for a file `--show-loops` could not parse (in a notebook, by cell)."""
     from linter import output
     from linter.output.concise import line
-    from linter.runner import syntax_error
+    from linter.reporting import syntax_error
     from linter.source import decode, read_bytes
 
     text, shown = decode(read_bytes(str(path))).text, str(path)

@@ -7,7 +7,6 @@ return plain values; the main process owns the cache and all printing.
 
 from __future__ import annotations
 
-import ast
 import os
 import re
 import sys
@@ -17,9 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from linter.config import Settings
-from linter.selection import PARSE_ERROR
+from linter.reporting import file_error, shown_path, unified_diff
 from linter.source import FileChanged, SourceError, decode, read_bytes, write_atomic
-from linter.types import Diagnostic, Position
+from linter.types import Diagnostic
 
 if TYPE_CHECKING:
     from linter.cache import Cache
@@ -80,15 +79,6 @@ class Report:
     @property
     def diffs(self) -> list[str]:
         return [r.diff for r in sorted(self.results, key=lambda r: r.shown) if r.diff]
-
-
-def shown_path(path: Path) -> str:
-    """Relative to the working directory when under it (as ruff prints), else as given."""
-    absolute = os.path.abspath(path)
-    cwd = os.getcwd()
-    if absolute.startswith(cwd + os.sep):
-        return os.path.relpath(absolute, cwd)
-    return str(path)
 
 
 @dataclass
@@ -224,9 +214,7 @@ def lint_job(job: Job) -> FileResult:
     from linter.text import check_source
 
     if job.absolute.endswith(".ipynb"):
-        from linter.notebooks import lint_notebook_job
-
-        return _guarded(job, lint_notebook_job)
+        return _guarded(job, _lint_notebook)
     try:
         source = decode(job.data)
     except SourceError as exc:
@@ -256,6 +244,31 @@ def lint_job(job: Job) -> FileResult:
         return result
 
     return _guarded(job, lint)
+
+
+def _lint_notebook(job: Job) -> FileResult:
+    """A notebook's job: read, lint, and write or diff the changed cells."""
+    from linter import notebooks
+
+    try:
+        text = job.data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        error = notebooks.NotebookError(f"not UTF-8 ({exc.reason} at byte {exc.start})")
+        return FileResult(job.shown, [notebooks.notebook_error(job.shown, error)])
+    fix = "none" if job.mode == "none" else "unsafe" if job.unsafe else "safe"
+    checked = notebooks.lint_notebook_text(text, job.shown, job.codes, fix, job.hints)
+    result = FileResult(job.shown, checked.diagnostics, checked.fixes_applied)
+    result.error = checked.error
+    result.cacheable = checked.error is None
+    if checked.fixed is not None and checked.fixed != text:
+        if job.mode == "write":
+            if not _write(job.absolute, checked.fixed.encode("utf-8"), result, expected=job.data):
+                result.fixed = 0  # the notebook still holds the unfixed cells and their findings
+                unfixed = notebooks.lint_notebook_text(text, job.shown, job.codes, hints=job.hints)
+                result.diagnostics = unfixed.diagnostics
+        else:
+            result.diff = notebooks.cell_diff(job.shown, text, checked.fixed)
+    return result
 
 
 def _project_deps(path: str) -> list:
@@ -304,40 +317,3 @@ def _write(path: str, data: bytes, result: FileResult, expected: bytes | None = 
         return True
     result.cacheable = False
     return False
-
-
-def syntax_error(text: str, shown: str, failure) -> Diagnostic:
-    """ACL000 worded and placed by CPython's own parser when it agrees the file is invalid
-    (its messages are clearer than libcst's), else by libcst."""
-    try:
-        found = _cpython_syntax_error(text, shown)
-    except (ValueError, OverflowError):
-        found = None  # e.g. a null byte: fall back to libcst's account
-    if found is not None:
-        return found
-    at = Position(failure.line, failure.column)
-    return Diagnostic(PARSE_ERROR, f"SyntaxError: {failure.message}", shown, at, at)
-
-
-def _cpython_syntax_error(source: str | bytes, shown: str) -> Diagnostic | None:
-    try:
-        compile(source, shown, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
-    except SyntaxError as error:
-        start = Position(error.lineno or 1, max(0, (error.offset or 1) - 1))
-        end = Position(error.end_lineno or start.line, max(0, (error.end_offset or 1) - 1))
-        return Diagnostic(PARSE_ERROR, f"SyntaxError: {error.msg}", shown, start, max(start, end))
-    return None
-
-
-def file_error(shown: str, message: str, line: int = 1) -> Diagnostic:
-    at = Position(line, 0)
-    return Diagnostic(PARSE_ERROR, message, shown, at, at)
-
-
-def unified_diff(shown: str, before: str, after: str) -> str:
-    import difflib
-
-    lines = difflib.unified_diff(
-        before.splitlines(keepends=True), after.splitlines(keepends=True), shown, shown
-    )
-    return "".join(line if line.endswith(("\n", "\r")) else line + "\n" for line in lines)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from linter.config import Resolver
 from linter.output.printer import Printer
-from linter.runner import FixMode, shown_path, unified_diff
+from linter.reporting import shown_path, unified_diff
+from linter.runner import FixMode
 from linter.types import failing
 
 

@@ -16,10 +16,17 @@ from linter.selection import PARSE_ERROR
 from linter.types import Diagnostic, Position
 
 if TYPE_CHECKING:
-    from linter.runner import FileResult, Job
-    from linter.text import FixChoice, TextResult
+    from linter.checking import FixChoice, TextResult
 
-__all__ = ["CellIndex", "index_of", "lint_notebook_job", "lint_notebook_text", "program_of"]
+__all__ = [
+    "CellIndex",
+    "NotebookError",
+    "cell_diff",
+    "index_of",
+    "lint_notebook_text",
+    "notebook_error",
+    "program_of",
+]
 _BOM = "\ufeff"
 
 
@@ -46,7 +53,7 @@ def lint_notebook_text(
     text: str, shown: str, codes: Collection[str], fix: FixChoice = "none", hints: bool = False
 ) -> TextResult:
     """Lint a notebook's JSON; with `fix`, `fixed` is the notebook's new JSON text."""
-    from linter.text import TextResult, check_source, screen_text
+    from linter.checking import TextResult, check_source, screen_text
 
     unchanged = text if fix != "none" else None
     try:
@@ -73,34 +80,9 @@ def lint_notebook_text(
     return checked
 
 
-def lint_notebook_job(job: Job) -> FileResult:
-    """The runner's job for a notebook: read, lint, and write or diff the changed cells."""
-    from linter.runner import FileResult, _write
-
-    try:
-        text = job.data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        error = NotebookError(f"not UTF-8 ({exc.reason} at byte {exc.start})")
-        return FileResult(job.shown, [notebook_error(job.shown, error)])
-    fix = "none" if job.mode == "none" else "unsafe" if job.unsafe else "safe"
-    checked = lint_notebook_text(text, job.shown, job.codes, fix, job.hints)
-    result = FileResult(job.shown, checked.diagnostics, checked.fixes_applied)
-    result.error = checked.error
-    result.cacheable = checked.error is None
-    if checked.fixed is not None and checked.fixed != text:
-        if job.mode == "write":
-            if not _write(job.absolute, checked.fixed.encode("utf-8"), result, expected=job.data):
-                result.fixed = 0  # the notebook still holds the unfixed cells and their findings
-                unfixed = lint_notebook_text(text, job.shown, job.codes, hints=job.hints)
-                result.diagnostics = unfixed.diagnostics
-        else:
-            result.diff = cell_diff(job.shown, text, checked.fixed)
-    return result
-
-
 def cell_diff(shown: str, before: str, after: str) -> str:
     """A unified diff per changed cell, headed `path:cell N` as ruff's `--diff` shows it."""
-    from linter.runner import unified_diff
+    from linter.reporting import unified_diff
 
     old, new = program_of(before), program_of(after)
     new_sources = {cell.number: cell.source for cell in new.cells}
