@@ -42,6 +42,15 @@ def _report_configured(ctx: RuleContext, cast: Autocast, scalers) -> None:
     `GradScaler(enabled=(dtype == "float16"))`, or a `--dtype float16` choice and no scaler).
     A scaler anywhere in the module whose state the linter cannot evaluate keeps it quiet."""
     model = ctx.model
+    region = precision_runs.cast_expr(model, cast)
+    if (
+        not _fp16_on_gpu(cast)
+        and precision_runs.runs_where(
+            model, [region], lambda values: precision_runs.fp16_on_gpu(values[0])
+        )
+        is None
+    ):
+        return  # fp16 in no configuration: the backward's flow need not be traced
     found = _trained_backward(model, cast, scaled=True)
     if found is None:
         return
@@ -52,7 +61,7 @@ def _report_configured(ctx: RuleContext, cast: Autocast, scalers) -> None:
             return  # a scaler handed in from elsewhere: its state is out of sight
     else:
         chosen = scalers
-    exprs = [precision_runs.cast_expr(model, cast), *precision_runs.scaler_exprs(model, chosen)]
+    exprs = [region, *precision_runs.scaler_exprs(model, chosen)]
 
     def bad(values) -> bool:
         if not precision_runs.fp16_on_gpu(values[0]):

@@ -69,13 +69,23 @@ def _check_configured(ctx: RuleContext) -> None:
 
 
 def _inference_only(model, cast: Autocast) -> bool:
-    """A region under `no_grad`, or in a function with no backward (diffusers' validation
-    pipeline in `log_validation`): whatever the flag, nothing there is trained."""
+    """A region no backward can follow: under `no_grad`, or with no backward after it in its
+    function nor in a loop around it (diffusers' validation pipeline in `log_validation`, the
+    final inference after the training loop): whatever the flag, nothing there is trained."""
     if under_no_grad(model, cast.region):
         return True
     scope = region_scope(model, cast.region)
-    sites = model.sites.get(id(scope), []) if scope is not None else []
-    return not any(s.kind in ("backward", "engine_backward") for s in sites)
+    found = precision_runs.cast_expr(model, cast)
+    if scope is None or found is None:
+        return True
+    start = found[2]
+    loops = {id(f.node) for f in cast.region.frames if f.kind == "loop"}
+    for site in model.sites.get(id(scope), []):
+        if site.kind not in ("backward", "engine_backward"):
+            continue
+        if site.stmt.order > start or any(id(f.node) in loops for f in site.stmt.frames):
+            return False
+    return True
 
 
 def _conflicts(cast: Autocast, precision: str) -> bool:

@@ -389,3 +389,12 @@ def test_validation_inference_under_a_mixed_precision_flag_is_clean():
         "def main():",
     )
     assert found(source, *PRECISION) == []
+    final = ACCELERATE.replace(
+        "        optimizer.zero_grad()\n",
+        "        optimizer.zero_grad()\n"
+        "    for prompt in args.validation_prompts:\n"
+        '        with torch.autocast("cuda"):\n'
+        "            images.append(pipeline(prompt).images[0])\n",
+    )
+    assert "validation_prompts" in final
+    assert found(final, *PRECISION) == []  # the inference after the training loop
