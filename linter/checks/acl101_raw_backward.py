@@ -40,6 +40,11 @@ def _stepping_scaler(model, loop, backward) -> str | None:
         if same_path(call, backward.stmt) and _visible_from(site, loop.scope):
             if model.scaler_role(site.receiver, site.stmt.scope) == "enabled":
                 return site.receiver
+    caller = loop.gate.caller if loop.gate is not None else None
+    for site in model.reached_sites(loop, backward.stmt, "scaler_step") if caller else ():
+        if site.stmt.scope is caller and _visible_from(site, loop.scope):  # `train_step` steps
+            if model.scaler_role(site.receiver, site.stmt.scope) == "enabled":
+                return site.receiver
     return None
 
 

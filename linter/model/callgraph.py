@@ -24,6 +24,7 @@ class CallGraph:
         self.partials: dict[str, tuple[Scope, int]] = {}
         self.partials = self._find_partials()
         self._callers: dict[int, list[CallSite]] = {}
+        self._per_batch: dict[tuple[int, int], bool] = {}
         for call in self.calls:
             callee = self.local_function(call.call.func, call.stmt.scope)
             if callee is not None:
@@ -94,7 +95,23 @@ class CallGraph:
             return False
         if scope.name == "training_step" and scope.class_name and self._imports_lightning():
             return True
-        return any(call.stmt.loops() for call in self.callers(scope))
+        return any(self.per_batch_call(call) for call in self.callers(scope))
+
+    def per_batch_call(self, call: CallSite, depth: int = 3) -> bool:
+        """Whether a call runs every batch: inside a loop, or in the body of a function that
+        itself runs every batch (`fit` loops over `self.train_step(batch)`, which calls
+        `self.backward(loss)`: the trainer's step split into methods)."""
+        if call.stmt.loops():
+            return True
+        scope = call.stmt.scope
+        if depth == 0 or not isinstance(scope.node, cst.FunctionDef):
+            return False
+        key = (id(scope), depth)
+        if key not in self._per_batch:  # once per function: a helper called from many places
+            self._per_batch[key] = False
+            callers = self.callers(scope)
+            self._per_batch[key] = any(self.per_batch_call(c, depth - 1) for c in callers)
+        return self._per_batch[key]
 
     def _imports_lightning(self) -> bool:
         return any(

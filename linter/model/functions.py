@@ -43,6 +43,9 @@ class Stmt:
     scope: Scope
     # the `for` clauses of comprehensions in it, found by the collector's one walk
     comprehensions: list[cst.CompFor] = field(default_factory=list)
+    # a statement of a method, seen where a method of its class calls it (`self.optimizer_step()`
+    # in `train_step`): this is that call; `node` and `line` are still the method's
+    via: Stmt | None = None
 
     def loops(self) -> list[cst.CSTNode]:
         return [f.node for f in self.frames if f.kind == "loop"]

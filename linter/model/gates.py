@@ -10,6 +10,7 @@ from functools import partial
 import libcst as cst
 
 from linter.model.callgraph import CallGraph
+from linter.model.classes import Classes
 from linter.model.cst_util import code, dotted, last_part, strip_parens, walk
 from linter.model.functions import Scope, Stmt
 from linter.model.loops import (
@@ -37,9 +38,15 @@ def regions_around(regions: list[Region], stmt: Stmt, kind: str) -> list[Region]
 
 class Gates:
     def __init__(
-        self, graph: CallGraph, sites: dict[int, list[Site]], regions: list[Region], roles: Roles
+        self,
+        graph: CallGraph,
+        sites: dict[int, list[Site]],
+        regions: list[Region],
+        roles: Roles,
+        classes: Classes | None = None,
     ) -> None:
         self.graph = graph
+        self.classes = classes
         self.sites = sites
         self.regions = regions
         self.roles = roles
@@ -157,7 +164,7 @@ class Gates:
         calls = [c for c in loop.scope.calls if _runs_with(c.stmt, loop.node, stmt)]
         caller = loop.gate.caller if loop.gate is not None else None
         for call in self.graph.callers(loop.scope) if caller is not None else ():
-            around = call.stmt.loops()
+            around = call.stmt.loops() or ([caller.node] if self._per_batch_body(call.stmt) else [])
             if call.stmt.scope is not caller or not around:
                 continue
             runs = partial(_runs_with, loop=around[-1], other=call.stmt)
@@ -202,10 +209,20 @@ class Gates:
             if any(s.kind in STEP_KINDS for s in self.sites[id(callee)]):
                 steps.extend(call.stmt for call in self.graph.callers(callee))
         for call in self.graph.callers(scope):
-            gate = caller_gate(call.stmt, steps)
+            per_batch = self._per_batch_body(call.stmt)
+            gate = caller_gate(call.stmt, steps, per_batch, self.classes)
             if gate is not None:
                 return gate
         return None
+
+    def _per_batch_body(self, stmt: Stmt) -> bool:
+        """Whether `stmt` is outside any loop of a function that runs every batch."""
+        scope = stmt.scope
+        return (
+            not stmt.loops()
+            and scope is not self.graph.scopes[0]
+            and self.graph.called_in_loop(scope)
+        )
 
     def _accumulate_gate(self, loop: TrainingLoop) -> Gate | None:
         """`with accelerator.accumulate(model):` gates the prepared optimizer's step."""

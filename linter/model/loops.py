@@ -8,11 +8,15 @@ innermost loop around the backward when no step is visible.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from linter.model.cst_util import code, dotted, int_value, positional, walk
-from linter.model.functions import Frame, Scope, Stmt
+from linter.model.functions import Def, Frame, Scope, Stmt
+
+if TYPE_CHECKING:
+    from linter.model.classes import Classes
 
 STEP_KINDS = ("opt_step", "scaler_step")
 BACKWARD_KINDS = ("backward", "engine_backward")
@@ -82,12 +86,18 @@ class TrainingLoop:
 
 
 def find_training_loops(
-    scope: Scope, sites: list[Site], called_in_loop: bool = False
+    scope: Scope,
+    sites: list[Site],
+    called_in_loop: bool = False,
+    classes: Classes | None = None,
+    calls_backward: bool = False,
 ) -> list[TrainingLoop]:
     """The training loops of one scope.
 
     A function with no loop of its own whose body is one micro-step (`def training_step(...)`)
-    counts as a loop body when the module calls it from inside a loop (`called_in_loop`).
+    counts as a loop body when the module calls it from inside a loop (`called_in_loop`); so
+    does one that steps and leaves the backward to a function it calls (`calls_backward`: a
+    trainer's `train_step` calling `self.backward(loss)`, then `self.optimizer_step()`).
     """
     loops: dict[int, TrainingLoop] = {}
     for site in sites:
@@ -101,13 +111,18 @@ def find_training_loops(
         if loop is None:
             loop = loops[id(owner)] = TrainingLoop(owner, scope)
             loop.sites = [s for s in sites if _inside(s.stmt, owner)]
-            loop.counters = _counters(scope, owner)
+            loop.counters = _counters(scope, owner, classes)
             loop.flags = _flags(scope)
         if not chain:
             continue
         index = chain.index(owner)
         if index + 1 < len(chain) and loop.micro_loop is None:
             loop.micro_loop = chain[index + 1]
+    if not loops and called_in_loop and calls_backward and isinstance(scope.node, cst.FunctionDef):
+        if any(s.kind in STEP_KINDS for s in sites):  # `train_step`: self.backward(loss), ...
+            loops[id(scope.node)] = TrainingLoop(scope.node, scope, list(sites))
+            loops[id(scope.node)].counters = _counters(scope, scope.node, classes)
+            loops[id(scope.node)].flags = _flags(scope)
     for loop in loops.values():
         loop.gate = _step_gate(loop)
     return sorted(loops.values(), key=lambda lp: _first_order(lp))
@@ -131,17 +146,19 @@ def _inside(stmt: Stmt, owner: cst.CSTNode) -> bool:
     return owner is stmt.scope.node or any(f.node is owner for f in stmt.frames)
 
 
-def _counters(scope: Scope, loop: cst.CSTNode) -> set[str]:
+def _counters(scope: Scope, loop: cst.CSTNode, classes: Classes | None = None) -> set[str]:
     """Micro-step counters of the loop, as the text a step gate compares with K.
 
     `micro` for `micro += 1` in the loop or in a loop around it (neural_sp counts batches in the
     outer loop and steps inside a per-task loop), and `ni - last` for a "last step" marker that
-    the loop sets with `last = ni` (YOLO's `ni - last_opt_step >= accumulate`).
+    the loop sets with `last = ni` (YOLO's `ni - last_opt_step >= accumulate`). A trainer's
+    `self.micro_step` may be reset by another method (`optimizer_step`) than the one counting.
     """
     around = [loop, *_enclosing_loops(scope, loop)]
     found = set()
     for name, defs in scope.defs.items():
         defs = [d for d in defs if any(_inside(d.stmt, node) for node in around)]
+        defs += _reset_elsewhere(scope, name, classes)
         if _is_reset_counter(defs):
             found.add(name)
         for d in defs:
@@ -149,6 +166,14 @@ def _counters(scope: Scope, loop: cst.CSTNode) -> set[str]:
                 if _inside(d.stmt, loop):
                     found.add(f"{dotted(d.value)} - {name}")
     return found
+
+
+def _reset_elsewhere(scope: Scope, name: str, classes: Classes | None) -> list[Def]:
+    """Assignments to the attribute `name` in the other methods of `scope`'s class, but its
+    `__init__` (which sets where the count starts, as a name's `n = 0` before the loop does)."""
+    if classes is None:
+        return []
+    return [d for d in classes.attribute_defs(scope, name) if d.stmt.scope.name != "__init__"]
 
 
 def _is_reset_counter(defs) -> bool:
@@ -184,18 +209,23 @@ def _enclosing_loops(scope: Scope, loop: cst.CSTNode) -> list[cst.CSTNode]:
     return []
 
 
-def caller_gate(call: Stmt, steps: list[Stmt]) -> Gate | None:
+def caller_gate(
+    call: Stmt, steps: list[Stmt], per_batch: bool = False, classes: Classes | None = None
+) -> Gate | None:
     """The gate of a loop that calls a step function every iteration (`call`) and steps the
-    optimizer only under a condition (`steps`: `if (i + 1) % K == 0: self.optimizer_step()`)."""
+    optimizer only under a condition (`steps`: `if (i + 1) % K == 0: self.optimizer_step()`).
+    `per_batch`: the calling function runs every batch itself (a trainer's `train_step` calls
+    `self.backward(loss)`, then `self.optimizer_step()` under the gate), so its body is the
+    iteration."""
     loops = call.loops()
-    if not loops:
+    if not loops and not per_batch:
         return None
-    node = loops[-1]
-    counters, flags = _counters(call.scope, node), _flags(call.scope)
+    node = loops[-1] if loops else call.scope.node
+    counters, flags = _counters(call.scope, node, classes), _flags(call.scope)
     if any(update_gate(f, counters, flags) for f in call.frames_inside(node)):
         return None  # the function itself runs only on update steps
     for step in steps:
-        if step.scope is not call.scope or node not in step.loops():
+        if step.scope is not call.scope or not _inside(step, node):
             continue
         for frame in reversed(step.frames_inside(node)):
             gate = update_gate(frame, counters, flags)

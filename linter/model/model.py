@@ -13,11 +13,13 @@ Topic modules added for later rules keep their facts in `memo`.
 from __future__ import annotations
 
 import ast
+from functools import partial
 
 import libcst as cst
 
 from linter.model import constants, cst_util
 from linter.model.callgraph import CallGraph
+from linter.model.classes import Classes, entered_region, inline_method_sites
 from linter.model.cst_util import method_call
 from linter.model.dataflow import Flow, trace_loss
 from linter.model.functions import CallSite, Def, Scope, ScopeCollector, Stmt
@@ -52,23 +54,42 @@ class Model:
         for node in collector.imports:
             self.imports.add(node)
         self.graph = CallGraph(self.scopes, self.function_defs, self.imports)
+        self.classes = Classes(self.scopes)  # what each class binds on `self`
         self.calls: list[CallSite] = self.graph.calls
         self.setup = SetupCollector(self.scopes, self.imports).setup
         self.roles = Roles(self.setup, self.graph, self.imports)
         self.prepared = PreparedObjects(self.setup, self.graph)
         self.scaling = Scaling(self.roles, self.imports)
-        finder = SiteFinder(self.roles, self.imports, self.graph.module_defs)
+        local_context = partial(entered_region, self)
+        graph = self.graph
+        finder = SiteFinder(
+            self.roles, self.imports, graph.module_defs, graph.local_function, local_context
+        )
         self.sites: dict[int, list[Site]] = {}
         self.loops: list[TrainingLoop] = []
         self.regions: list[Region] = []
         for scope in self.scopes:
-            sites = self.sites[id(scope)] = finder.sites(scope)
-            self.loops.extend(find_training_loops(scope, sites, self.graph.called_in_loop(scope)))
+            self.sites[id(scope)] = finder.sites(scope)
+        inline_method_sites(self.graph, self.sites)  # a trainer's step split over methods
+        for scope in self.scopes:
+            sites = self.sites[id(scope)]
+            per_batch = self.graph.called_in_loop(scope)
+            delegates = per_batch and self._calls_a_backward(scope)
+            self.loops.extend(find_training_loops(scope, sites, per_batch, self.classes, delegates))
             self.regions.extend(finder.regions(scope))
-        self.gates = Gates(self.graph, self.sites, self.regions, self.roles)
+        self.gates = Gates(self.graph, self.sites, self.regions, self.roles, self.classes)
         for loop in self.loops:
             self.gates.assign(loop)
         self._calls_by_with: dict[int, list[CallSite]] | None = None
+
+    def _calls_a_backward(self, scope: Scope) -> bool:
+        """Whether a function of the module that `scope` calls runs a backward."""
+        for call in scope.calls:
+            callee = self.graph.local_function(call.call.func, scope)
+            if callee is not None and callee is not scope:
+                if any(s.kind in ("backward", "engine_backward") for s in self.sites[id(callee)]):
+                    return True
+        return False
 
     def lines(self) -> list[str]:
         """The source split at "\\n", shared by every rule's context (one split per module)."""

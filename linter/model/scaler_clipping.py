@@ -85,7 +85,7 @@ def unscaled_clips(model: Model, body: Body) -> list[ScaledClip]:
 def _clips(model: Model, body: Body) -> list[Site]:
     """The body's torch clips, and its calls of module functions that clip with torch and do not
     unscale (`self.clip_gradients()`): there the call is what clips."""
-    found = [s for s in body.sites if is_torch_clip(model, s)]
+    found = []
     for call in body.scope.calls:
         if not body.contains(call.stmt):
             continue
@@ -97,7 +97,10 @@ def _clips(model: Model, body: Body) -> list[Site]:
             continue
         if any(is_torch_clip(model, s) for s in sites):
             found.append(Site("clip", call.call, call.stmt))
-    return sorted(found, key=lambda s: s.stmt.order)
+    # a method's clip seen at its call (`self.optimizer_step()`), unless the call is what clips
+    calls = {id(s.stmt) for s in found}
+    own = [s for s in body.sites if is_torch_clip(model, s) and id(s.stmt.via) not in calls]
+    return sorted(found + own, key=lambda s: s.stmt.order)
 
 
 def _other_branch_steps(body: Body, stmt: Stmt, scaler: str) -> bool:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from linter.model.classes import STEP_KINDS_AT_CALL, inlined_callee
 from linter.model.cst_util import (
     code,
     dotted,
@@ -253,7 +254,10 @@ def _helper_calls(model: Model, body: Body) -> list[tuple[Stmt, set[str]]]:
             continue
         callee = model.local_function(call.call.func, call.stmt.scope)
         if callee is not None and callee is not body.scope:
-            found.append((call.stmt, _kinds_of(model, callee, 0, set())))
+            kinds = _kinds_of(model, callee, 0, set())
+            if inlined_callee(model.graph, call) is not None:
+                kinds -= STEP_KINDS_AT_CALL  # already the body's sites, in the method's order
+            found.append((call.stmt, kinds))
     return found
 
 

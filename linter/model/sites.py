@@ -21,10 +21,16 @@ AUTOCAST = {
 
 
 class SiteFinder:
-    def __init__(self, roles: Roles, imports, module_defs) -> None:
+    def __init__(
+        self, roles: Roles, imports, module_defs, local_function=None, local_context=None
+    ) -> None:
         self.roles = roles
         self.imports = imports
         self.module_defs = module_defs
+        # the module's own function a call refers to (`self.backward(loss)` of a trainer)
+        self.local_function = local_function or (lambda func, scope: None)
+        # (kind, call) a context manager of the module enters (`with MixedPrecision():`)
+        self.local_context = local_context or (lambda call: None)
 
     def sites(self, scope: Scope) -> list[Site]:
         """Every site of one scope, in statement order."""
@@ -41,6 +47,8 @@ class SiteFinder:
                 if call is None:
                     continue
                 kind = self.region_kind(call, scope)
+                if kind is None and (entered := self.local_context(call)) is not None:
+                    kind, call = entered  # the autocast its `__enter__` enters
                 if kind is not None:
                     pair = method_call(call)
                     receiver = dotted(pair[0]) if pair else None
@@ -69,6 +77,8 @@ class SiteFinder:
         roles = self.roles
         kind = None
         if method == "backward" and not self.imports.is_imported(c.call.func):
+            if self.local_function(c.call.func, scope) is not None:
+                return None  # the trainer's own method: its body's sites are its own
             kind = "engine_backward" if self._engine_backward(c, scope) else "backward"
         elif qual == "torch.autograd.backward":
             kind = "backward"

@@ -1,0 +1,277 @@
+"""Classes of the module: what their methods bind on `self` and what each method and context
+manager does to the training step.
+
+A trainer keeps its objects on `self` (`self.scaler = GradScaler()` in `__init__`, a window
+counter `self.micro_step` bumped in `train_step` and reset in `optimizer_step`): an attribute any
+method assigns is a binding of the class, known in every method. The summaries are plain data
+(`MethodSummary`, `ContextSummary`) so that a caller, in this module or another one, asks "what
+does `Trainer.optimizer_step` do" rather than re-walking its body.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from linter.model.cst_util import dotted
+from linter.model.functions import Def, Scope, Stmt
+from linter.model.loops import Site
+
+if TYPE_CHECKING:
+    from linter.model import Model
+
+
+@dataclass(eq=False)
+class ClassFacts:
+    """One class: its methods by name and the `self.<attr>` bindings each method makes."""
+
+    name: str
+    methods: dict[str, Scope] = field(default_factory=dict)
+    attributes: dict[str, list[Def]] = field(default_factory=dict)  # "self.scaler" -> defs
+
+    def defs(self, text: str, outside: Scope | None = None) -> list[Def]:
+        """The assignments to `self.<attr>` in the class's methods (but `outside`)."""
+        return [d for d in self.attributes.get(text, ()) if d.stmt.scope is not outside]
+
+
+class Classes:
+    """The module's classes, indexed once from the scopes the collector made."""
+
+    def __init__(self, scopes: list[Scope]) -> None:
+        self.by_name: dict[str, ClassFacts] = {}
+        for scope in scopes:
+            if scope.class_name is None or not isinstance(scope.node, cst.FunctionDef):
+                continue
+            facts = self.by_name.setdefault(scope.class_name, ClassFacts(scope.class_name))
+            facts.methods.setdefault(scope.name, scope)
+            receiver = _receiver(scope)
+            for text, defs in scope.defs.items() if receiver == "self" else ():
+                if text.startswith("self.") and text.count(".") == 1:
+                    facts.attributes.setdefault(text, []).extend(defs)
+
+    def of(self, scope: Scope) -> ClassFacts | None:
+        return self.by_name.get(scope.class_name) if scope.class_name else None
+
+    def attribute_defs(self, scope: Scope, text: str) -> list[Def]:
+        """What the other methods of `scope`'s class assign to `text` (`self.micro_step`)."""
+        facts = self.of(scope)
+        if facts is None or not text.startswith("self."):
+            return []
+        return facts.defs(text, outside=scope)
+
+
+def _receiver(scope: Scope) -> str | None:
+    names = list(scope.params)
+    return names[0] if names and scope.class_name is not None else None
+
+
+# what a method does ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MethodSummary:
+    """What running a function does to the step, its own code and the module functions it
+    calls together: the site kinds it reaches (`backward`, `scaler_step`, `unscale`, `clip`,
+    `scaler_update`, `opt_step`, `zero_grad`, `sched_step`...) and the functions that reach
+    them."""
+
+    name: str
+    does: frozenset[str]
+    through: tuple[str, ...]  # the module functions called on the way, in order
+
+    def scales_and_steps(self) -> bool:
+        return {"scaler_step", "scaler_update"} <= self.does
+
+
+def summarize(model: Model, scope: Scope, depth: int = 3) -> MethodSummary:
+    """The summary of one function or method (callees followed `depth` calls deep)."""
+    does: set[str] = set()
+    through: list[str] = []
+    seen = {id(scope)}
+    frontier = [scope]
+    for _ in range(depth + 1):
+        following = []
+        for current in frontier:
+            does.update(site.kind for site in model.sites.get(id(current), ()))
+            for call in current.calls:
+                callee = model.local_function(call.call.func, current)
+                if callee is not None and id(callee) not in seen:
+                    seen.add(id(callee))
+                    through.append(_qualified(callee))
+                    following.append(callee)
+        frontier = following
+    return MethodSummary(_qualified(scope), frozenset(does), tuple(through))
+
+
+def _qualified(scope: Scope) -> str:
+    return f"{scope.class_name}.{scope.name}" if scope.class_name else scope.name
+
+
+# what a context manager enters --------------------------------------------------------------------
+_CONTEXT_DECORATORS = {"contextlib.contextmanager", "contextmanager"}
+
+
+@dataclass(frozen=True)
+class Entered:
+    """One context a context manager enters: `kind` ("no_sync", "autocast", "no_grad", ...),
+    the call that enters it, and whether it is entered on some paths only (`if sync: yield`)."""
+
+    kind: str
+    call: cst.Call
+    conditional: bool
+
+
+@dataclass(frozen=True)
+class ContextSummary:
+    name: str
+    enters: tuple[Entered, ...]
+
+    def kinds(self) -> set[str]:
+        return {e.kind for e in self.enters}
+
+
+def context_summary(model: Model, name: str) -> ContextSummary | None:
+    """What the module's context manager `name` enters: a `@contextmanager` function (what it
+    yields inside), or a class (what its `__enter__` enters or calls `__enter__` on)."""
+    bodies = _context_bodies(model, name)
+    if bodies is None:
+        return None
+    enters = []
+    for body in bodies:
+        for call in body.calls:
+            kind = _context_kind(model, call.call, body)
+            if kind is not None:
+                conditional = any(f.kind in ("if", "exit") for f in call.stmt.frames)
+                enters.append(Entered(kind, call.call, conditional))
+    return ContextSummary(name, tuple(enters))
+
+
+def _context_bodies(model: Model, name: str) -> list[Scope] | None:
+    functions = [s for s in model.function_defs.get(name, ()) if s.class_name is None]
+    if len(functions) == 1:
+        decorators = functions[0].node.decorators
+        qualified = {model.imports.qualify(_decorator(d)) for d in decorators}
+        return functions if qualified & _CONTEXT_DECORATORS else None
+    if name not in model.class_names:
+        return None
+    enter = [s for s in model.function_defs.get("__enter__", ()) if s.class_name == name]
+    init = [s for s in model.function_defs.get("__init__", ()) if s.class_name == name]
+    return enter + init if enter else None
+
+
+def _decorator(decorator: cst.Decorator) -> cst.BaseExpression:
+    node = decorator.decorator
+    return node.func if isinstance(node, cst.Call) else node
+
+
+_CONTEXT_FUNCTIONS = {
+    "torch.no_grad": "no_grad",
+    "torch.inference_mode": "no_grad",
+    "torch.enable_grad": "enable_grad",
+}
+
+
+def _context_kind(model: Model, call: cst.Call, scope: Scope) -> str | None:
+    """The kind of context `call` makes, as the regions of the loop model name them."""
+    from linter.model.sites import AUTOCAST
+
+    qualified = model.imports.qualify(call.func) or ""
+    if qualified in AUTOCAST:
+        return "autocast"
+    if qualified in _CONTEXT_FUNCTIONS:
+        return _CONTEXT_FUNCTIONS[qualified]
+    func = call.func
+    if isinstance(func, cst.Attribute) and func.attr.value == "no_sync":
+        return "no_sync"
+    if isinstance(func, cst.Attribute) and func.attr.value == "autocast":
+        return "engine_autocast" if model.engine_for(dotted(func.value), scope) else None
+    return None
+
+
+def entered_region(model: Model, call: cst.Call) -> tuple[str, cst.Call] | None:
+    """(region kind, the call that makes it) for a `with` item calling one of the module's
+    context managers that always enters autocast or `no_grad` (`with MixedPrecision():`); one
+    entered on some paths only is left unknown."""
+    name = dotted(call.func)
+    summary = context_summary(model, name) if name and "." not in name else None
+    if summary is None:
+        return None
+    for entered in summary.enters:
+        if entered.kind == "autocast" and not entered.conditional:
+            return entered.kind, entered.call
+    return None
+
+
+# a step split over methods ------------------------------------------------------------------
+# What a trainer's `optimizer_step()` / `_average_gradients()` does to the update step: these run,
+# for the loop model, where `train_step` calls them. A backward stays in its own method, which
+# runs every batch with its caller's gate (`Gates._caller_gate`).
+STEP_KINDS_AT_CALL = {
+    "unscale",
+    "clip",
+    "scaler_step",
+    "scaler_update",
+    "opt_step",
+    "zero_grad",
+    "sched_step",
+    "grad_div",
+}
+_MAX_DEPTH = 3
+
+
+def inline_method_sites(graph, sites: dict[int, list[Site]]) -> None:
+    """Add to each method's sites the update-step sites of the methods of its class it calls
+    (`self.optimizer_step()`), as statements at the call: on its path, under its gate."""
+    added: dict[int, list[Site]] = {}
+    for scope in graph.scopes:
+        if scope.class_name is None:
+            continue
+        found = _called_sites(graph, sites, scope, None, 0, {id(scope)})
+        if found:
+            added[id(scope)] = found
+    for key, found in added.items():
+        sites[key] = sorted(sites[key] + found, key=lambda s: s.stmt.order)
+
+
+def inlined_callee(graph, call) -> Scope | None:
+    """The method of the caller's class whose update-step sites `call` (`self.optimizer_step()`)
+    brings into the caller: those sites are the caller's, at the call."""
+    text = call.func or ""
+    scope = call.stmt.scope
+    if scope.class_name is None or not text.startswith("self.") or text.count(".") != 1:
+        return None
+    callee = graph.local_function(call.call.func, scope)
+    if callee is None or callee is scope or callee.class_name != scope.class_name:
+        return None
+    return callee
+
+
+def _called_sites(graph, sites, scope: Scope, via: Stmt | None, depth: int, seen: set[int]):
+    found = []
+    for call in scope.calls:
+        callee = inlined_callee(graph, call)
+        if callee is None or id(callee) in seen:
+            continue
+        at = via if via is not None else call.stmt
+        for site in sites.get(id(callee), ()):
+            if site.kind in STEP_KINDS_AT_CALL and site.stmt.via is None:
+                found.append(_seen_at(site, at))
+        if depth + 1 < _MAX_DEPTH:
+            found += _called_sites(graph, sites, callee, at, depth + 1, seen | {id(callee)})
+    return found
+
+
+def _seen_at(site: Site, call: Stmt) -> Site:
+    """The method's site as a statement of the caller, at the call (in the method's order)."""
+    own = site.stmt
+    stmt = Stmt(
+        own.node,
+        own.line,
+        own.index,
+        call.frames + own.frames,
+        call.order + own.order / 1e6,
+        call.scope,
+        own.comprehensions,
+        via=call,
+    )
+    return Site(site.kind, site.call, stmt, site.receiver, site.node)
