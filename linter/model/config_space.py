@@ -12,6 +12,7 @@ parse, or a YAML file without PyYAML installed, is a note, never a crash.
 from __future__ import annotations
 
 import ast
+import math
 import os
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -31,6 +32,7 @@ from linter.model.functions import Scope
 from linter.types import Configuration
 
 _MAX_DEPTH = 4
+_MAX_EXPRESSION_DEPTH = 16  # nested operations and names bound to them, in one computed value
 _PASS_CALLS = {"int", "float", "bool", "str", "round", "math.ceil", "math.floor"}
 _LOADERS = {
     "safe_load": "yaml",
@@ -148,6 +150,8 @@ class ConfigSpace:
             if defs or name in scope.params:
                 if len(defs) == 1 and defs[0].op == "=" and defs[0].tuple_index is None:
                     return self._knob(defs[0].value, scope, depth + 1)
+                if not defs:  # a parameter: the knob every call of the module passes
+                    return self._passed_knob(scope, name, depth)
                 return None
             scope = scope.parent
         if name in self._globals:
@@ -163,6 +167,68 @@ class ConfigSpace:
         if len(defs) == 1 and defs[0].op == "=" and defs[0].tuple_index is None:
             return self._knob(defs[0].value, top, depth + 1)
         return None
+
+    def _passed_knob(self, scope: Scope, param: str, depth: int) -> Knob | None:
+        """`def train(loader, accum)` called as `train(dl, args.accum)`: the one knob every
+        call site of this module passes (None when a call passes something else)."""
+        sites = self._model.argument_sites(scope, param) if self._model is not None else []
+        found = {id(k): k for e, s in sites if (k := self._knob(e, s.scope, depth + 1))}
+        knobs = list(found.values())
+        resolved = len(knobs) == 1 and all(self._knob(e, s.scope, depth + 1) for e, s in sites)
+        return knobs[0] if resolved else None
+
+    def default_of(self, expr, scope: Scope | None = None) -> tuple[object, tuple[Knob, ...]]:
+        """The value an expression takes in the default configuration, computed from the
+        knobs it reads (`batch_size // micro_batch_size`, `max(round(nbs / opt.batch_size),
+        1)`), and those knobs; (_UNKNOWN, ()) when any part of it is out of sight."""
+        used: dict[int, Knob] = {}
+        value = self._default(strip_parens(expr), scope, 0, used)
+        return value, tuple(used.values())
+
+    def _default(self, node, scope, depth: int, used: dict) -> object:
+        if depth > _MAX_EXPRESSION_DEPTH or not isinstance(node, cst.BaseExpression):
+            return _UNKNOWN
+        node = strip_parens(node)
+        knob = self._knob(node, scope, 0)
+        if knob is not None:
+            if not knob.default_known:
+                return _UNKNOWN
+            used[id(knob)] = knob
+            return knob.default
+        literal = _literal(node) if isinstance(node, (cst.Integer, cst.Float)) else _UNKNOWN
+        if literal is not _UNKNOWN:
+            return literal
+        if isinstance(node, cst.BinaryOperation):
+            left = self._default(node.left, scope, depth + 1, used)
+            right = self._default(node.right, scope, depth + 1, used)
+            return _arithmetic(type(node.operator).__name__, left, right)
+        if isinstance(node, cst.Call) and dotted(node.func) in _NUMBER_CALLS:
+            args = [self._default(a, scope, depth + 1, used) for a in positional(node)]
+            if not args or len(args) != len(node.args) or not all(map(_is_number, args)):
+                return _UNKNOWN
+            try:
+                return _NUMBER_CALLS[dotted(node.func)](*args)
+            except (TypeError, ValueError, OverflowError):
+                return _UNKNOWN
+        if isinstance(node, cst.Name):
+            return self._name_default(node.value, scope, depth, used)
+        return _UNKNOWN
+
+    def _name_default(self, name: str, scope, depth: int, used: dict) -> object:
+        """A local or module name bound once (`=`) to a computable expression."""
+        model = self._model
+        while scope is not None and scope.parent is not None:
+            defs = scope.defs.get(name, [])
+            if defs or name in scope.params:
+                if len(defs) == 1 and defs[0].op == "=":
+                    return self._default(_element(defs[0]), scope, depth + 1, used)
+                return _UNKNOWN
+            scope = scope.parent
+        top = model.scopes[0] if model is not None else None
+        defs = top.defs.get(name, []) if top is not None else []
+        if len(defs) == 1 and defs[0].op == "=":
+            return self._default(_element(defs[0]), top, depth + 1, used)
+        return _UNKNOWN
 
     def _member(self, receiver, attr: str, scope) -> Knob | None:
         """`receiver.attr`: an argparse dest, a dataclass field, a namespace or file key."""
@@ -230,11 +296,14 @@ def k_configuration(model, k: cst.CSTNode | None, scope: Scope | None = None):
     read (None: found from the module's one binding of a name)."""
     if k is None:
         return None
-    knob = config_space(model).knob_for(k, scope)
+    space = config_space(model)
+    knob = space.knob_for(k, scope)
+    if knob is None and _engine_value(model, k) is not None:
+        k, scope = _engine_value(model, k), None
+        knob = space.knob_for(k, None)
     if knob is None:
-        k = _engine_value(model, k)
-        knob = config_space(model).knob_for(k, None) if k is not None else None
-    if knob is None or not knob.default_known:
+        return _derived_k_configuration(space, k, scope)
+    if not knob.default_known:
         return None
     default = knob.default
     if isinstance(default, bool) or not isinstance(default, (int, float)):
@@ -242,6 +311,18 @@ def k_configuration(model, k: cst.CSTNode | None, scope: Scope | None = None):
     shown = int(default) if float(default).is_integer() else default
     condition = f"with {knob.spelling} > 1 (default {shown})"
     return Configuration(affects_default=default > 1, condition=condition, knobs=(knob.name,))
+
+
+def _derived_k_configuration(space: ConfigSpace, k, scope):
+    """K computed from knobs (`gradient_accumulation_iters = batch_size // micro_batch_size`):
+    its value at their defaults decides whether the default run is affected."""
+    value, knobs = space.default_of(k, scope)
+    if not knobs or not _is_number(value):
+        return None
+    shown = int(value) if float(value).is_integer() else value
+    spelled = ", ".join(knob.spelling for knob in knobs)
+    condition = f"with {code(strip_parens(k))} > 1 (default {shown}, from {spelled})"
+    return Configuration(value > 1, condition, tuple(knob.name for knob in knobs))
 
 
 def gate_configuration(model, gate, scope: Scope | None = None):
@@ -313,20 +394,62 @@ def _evaluate(tree: ast.AST) -> object:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return -value if isinstance(tree.op, ast.USub) else value
     if isinstance(tree, ast.BinOp):
-        left, right = _evaluate(tree.left), _evaluate(tree.right)
-        numbers = all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in (left, right)
-        )
-        ops = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Pow: "**"}
-        op = ops.get(type(tree.op))
-        if numbers and op is not None and (op != "**" or abs(right) < 64):
-            try:
-                return {"+": left + right, "-": left - right, "*": left * right,
-                        "//": left // right if right else _UNKNOWN,
-                        "**": left**right}[op]  # fmt: skip
-            except (OverflowError, ZeroDivisionError):
-                return _UNKNOWN
+        name = _AST_OPERATORS.get(type(tree.op))
+        if name is not None:
+            return _arithmetic(name, _evaluate(tree.left), _evaluate(tree.right))
     return _UNKNOWN
+    return _UNKNOWN
+
+
+_NUMBER_CALLS = {
+    "int": int,
+    "float": float,
+    "round": round,
+    "max": max,
+    "min": min,
+    "abs": abs,
+    "math.ceil": math.ceil,
+    "math.floor": math.floor,
+    "ceil": math.ceil,
+    "floor": math.floor,
+}
+
+
+def _element(d) -> cst.BaseExpression | None:
+    """The value a `Def` binds: one element of a tuple unpacking (`a, k = x, args.k`)."""
+    if d.tuple_index is None:
+        return d.value
+    value = strip_parens(d.value) if d.value is not None else None
+    if isinstance(value, (cst.Tuple, cst.List)) and d.tuple_index < len(value.elements):
+        element = value.elements[d.tuple_index]
+        return None if isinstance(element, cst.StarredElement) else element.value
+    return None
+
+
+def _arithmetic(operator: str, left, right) -> object:
+    if not (_is_number(left) and _is_number(right)):
+        return _UNKNOWN
+    try:
+        return {
+            "Add": lambda: left + right,
+            "Subtract": lambda: left - right,
+            "Multiply": lambda: left * right,
+            "Divide": lambda: left / right,
+            "FloorDivide": lambda: left // right,
+            "Modulo": lambda: left % right,
+        }.get(operator, lambda: _UNKNOWN)()
+    except (ZeroDivisionError, OverflowError):
+        return _UNKNOWN
+
+
+_AST_OPERATORS = {
+    ast.Add: "Add",
+    ast.Sub: "Subtract",
+    ast.Mult: "Multiply",
+    ast.Div: "Divide",
+    ast.FloorDiv: "FloorDivide",
+    ast.Mod: "Modulo",
+}
 
 
 def _is_number(value) -> bool:

@@ -348,3 +348,96 @@ def test_yaml_k_from_the_projects_config_file(tmp_path, at):
     assert found.configuration == affected(
         "with configs/train.yaml: accum_steps > 1 (default 8)", "accum_steps"
     )
+
+
+def test_k_computed_from_module_settings_at_their_defaults(at):
+    """lit-llama's `gradient_accumulation_iters = batch_size // micro_batch_size`: 16 at the
+    module's settings, so the default run is affected."""
+    source = """
+    import torch
+    batch_size = 64
+    micro_batch_size = 4
+    gradient_accumulation_iters = batch_size // micro_batch_size
+
+    def train(model, optimizer, train_data):
+        for iter_num in range(max_iters):
+            input_ids, targets = get_batch(train_data)
+            loss = loss_fn(model(input_ids), targets)
+            loss.backward()
+            if (iter_num + 1) % gradient_accumulation_iters == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+    (found,) = lint(source, "ACL301")
+    assert (found.start.line, found.start.column) == at(source, "loss.backward()")
+    assert found.configuration == affected(
+        "with gradient_accumulation_iters > 1 (default 16, from batch_size, micro_batch_size)",
+        "batch_size",
+        "micro_batch_size",
+    )
+    assert found.severity is None
+
+
+YOLO = """
+import argparse
+import torch
+
+def train(hyp, opt, device):
+    epochs, batch_size = opt.epochs, opt.batch_size
+    nbs = 64  # nominal batch size
+    accumulate = max(round(nbs / batch_size), 1)
+    last_opt_step = -1
+    for epoch in range(epochs):
+        for i, (imgs, targets) in enumerate(train_loader):
+            ni = i + nb * epoch
+            loss = compute_loss(model(imgs), targets)
+            loss.backward()
+            if ni - last_opt_step >= accumulate:
+                optimizer.step()
+                optimizer.zero_grad()
+                last_opt_step = ni
+
+def parse_opt():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=100)
+    parser.add_argument("--batch-size", type=int, default={batch}, help="total batch size")
+    return parser.parse_args()
+
+if __name__ == "__main__":
+    opt = parse_opt()
+    train(opt.hyp, opt, "cuda")
+"""
+
+
+@pytest.mark.parametrize(("batch", "default", "affects"), [(16, 4, True), (64, 1, False)])
+def test_yolo_k_from_the_nominal_batch_and_a_flag(batch, default, affects, at):
+    source = YOLO.replace("{batch}", str(batch))
+    (found,) = lint(source, "ACL301")
+    assert (found.start.line, found.start.column) == at(source, "loss.backward()")
+    assert found.configuration == Configuration(
+        affects, f"with accumulate > 1 (default {default}, from --batch-size)", ("batch_size",)
+    )
+
+
+def test_k_handed_to_a_helper_by_every_call_site(at):
+    source = argparse_script(
+        1,
+        "train_one_epoch(model, loader, optimizer, args.gradient_accumulation_steps)\n",
+    ) + textwrap.dedent(
+        """
+        def train_one_epoch(model, loader, optimizer, accum_iter):
+            for step, (x, y) in enumerate(loader):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                if (step + 1) % accum_iter == 0:
+                    optimizer.step()
+                    optimizer.zero_grad()
+        """
+    )
+    (found,) = lint(source, "ACL301")
+    assert (found.start.line, found.start.column) == at(source, "loss.backward()")
+    assert found.configuration == latent(K_FLAG.format(1), "gradient_accumulation_steps")
+    other = source.replace("optimizer, args.gradient_accumulation_steps)", "optimizer, 4)")
+    other += "\ntrain_one_epoch(model, loader, optimizer, args.gradient_accumulation_steps)\n"
+    (found,) = lint(other, "ACL301")
+    assert found.configuration is None  # one call passes a literal: the setting is not K alone
