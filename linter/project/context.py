@@ -137,12 +137,12 @@ class Project:
         if stat.st_size > MAX_MODULE_BYTES:
             self.notes.append(f"{self.shown(path)}: not read for the project (over 1 MB)")
         else:
+            from linter.source import SourceError, decode
+
             try:
-                data = Path(path).read_bytes()
-            except OSError:
-                data = None
-            if data is not None:
-                found = self.summary_of(path, data.decode("utf-8", "replace"))
+                found = self.summary_of(path, decode(Path(path).read_bytes()).text)
+            except (OSError, SourceError) as error:
+                self.notes.append(f"{self.shown(path)}: not read for the project ({error})")
         self._summaries[path] = ((stat.st_mtime_ns, stat.st_size), found)
         return found
 

@@ -160,6 +160,20 @@ def test_a_module_that_does_not_parse_is_a_note(tmp_path):
     assert found.notes == ["main.py: does not parse (line 8: expected ':'); nothing learnt from it"]
 
 
+def test_a_byte_order_mark_or_a_coding_cookie_is_read_as_python_reads_it(tmp_path):
+    from linter.project.context import Project
+
+    misc = "\ufeff" + MISC.replace("    return model.cuda(args.gpu)", "    return DDP(model)")
+    _write(tmp_path, {"pyproject.toml": "", "engine.py": ENGINE, "main.py": MAIN,
+                      "util/__init__.py": ""})  # fmt: skip
+    (tmp_path / "util" / "misc.py").write_bytes(misc.encode("utf-8"))
+    (tmp_path / "util" / "latin.py").write_bytes(b"# -*- coding: latin-1 -*-\nNAME = '\xe9'\n")
+    found = Project(tmp_path)
+    assert found.summary(str(tmp_path / "util" / "misc.py")).definition("wrap_model")
+    assert found.summary(str(tmp_path / "util" / "latin.py")).error is None
+    assert found.notes == []
+
+
 def test_the_note_is_printed_once(tmp_path, cli):
     run, _ = cli
     broken = MAIN.replace("def main(args):", "def main(args)")
