@@ -78,7 +78,7 @@ def _report_configured(ctx: RuleContext, scaler) -> None:
         return bf16 and not fp16 and all(p in ("bf16", "no") for p in precisions)
 
     verdict = precision_runs.runs_where(model, exprs, bad)
-    if verdict is None or not verdict.condition.knobs:
+    if verdict is None or not verdict.condition.depends:
         return
     condition = verdict.condition
     ctx.report(

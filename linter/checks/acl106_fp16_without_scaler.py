@@ -69,7 +69,7 @@ def _report_configured(ctx: RuleContext, cast: Autocast, scalers) -> None:
         return all(precision_runs.scaler_off(v) for v in values[1:])
 
     verdict = precision_runs.runs_where(model, exprs, bad)
-    if verdict is None or not verdict.condition.knobs:
+    if verdict is None or not verdict.condition.depends:
         return
     condition = verdict.condition
     how = "float16 by default on CUDA" if not cast.explicit else "float16"

@@ -60,7 +60,7 @@ def _check_configured(ctx: RuleContext) -> None:
             return precision in (FP16, BF16) and precision != word
 
         verdict = precision_runs.runs_where(model, exprs, bad)
-        if verdict is None or not verdict.condition.knobs:
+        if verdict is None or not verdict.condition.depends:
             continue
         row = verdict.rows[0]
         precision = precision_runs.engine_precision(row.values[0])

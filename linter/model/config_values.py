@@ -93,16 +93,35 @@ class Knob:
     defaults: frozenset
     flag: bool = False  # a command-line flag (`--dtype float16`), else a variable
     ident: str = ""  # as `Configuration.knobs` names it (an argparse dest, a global)
+    hardware: str = ""  # "on a GPU with bf16 support": a property of the machine, not a knob
 
     def __post_init__(self) -> None:
         self.ident = self.ident or self.name.lstrip("-")
 
     def show(self, value) -> str:
+        if self.hardware:
+            return self.hardware if value else self.hardware.replace(" with ", " without ")
         if self.flag and isinstance(value, bool) and self.values == (False, True):
             return self.name if value else f"without {self.name}"
         if self.flag:
             return f"{self.name} {value}"
         return f"{self.name}={value!r}"
+
+
+_CUDA = "hw:cuda"
+_BF16 = "hw:bf16"
+HARDWARE = {
+    "torch.cuda.is_available": Knob(
+        "CUDA", _CUDA, (True, False), frozenset({True, False}), hardware="on a machine with CUDA"
+    ),
+    "torch.cuda.is_bf16_supported": Knob(
+        "bf16 support",
+        _BF16,
+        (True, False),
+        frozenset({True, False}),
+        hardware="on a GPU with bf16 support",
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -134,6 +153,11 @@ class Condition:
     affects_default: bool
     text: str  # `with dtype='bfloat16'`; "in the default configuration" when it always holds
     knobs: tuple[str, ...]
+
+    @property
+    def depends(self) -> bool:
+        """Whether some setting (a knob, the machine) decides it."""
+        return self.text != "in the default configuration"
 
 
 # knobs ------------------------------------------------------------------------------------
@@ -336,6 +360,8 @@ def joint(model, exprs: list[tuple[cst.BaseExpression, Scope, int]]) -> Joint | 
     keys = [k.key for k in knobs] + [f"env:{t}" for t in tests]
     for combo in itertools.product(*domains, *([(True, False)] * len(tests))):
         env.assignment = dict(zip(keys, combo, strict=True))
+        if env.assignment.get(_BF16) is True and env.assignment.get(_CUDA) is False:
+            continue  # bf16 support is a GPU's
         if any(not _eval(env, n, s, o, 0) for n, s, o in guards):
             continue
         values = tuple(frozenset(_eval(env, n, s, o, 0)) for n, s, o in exprs)
@@ -461,6 +487,9 @@ def _truth(env: _Env, test, scope: Scope, order: int, depth: int) -> set:
     """The truth values of a test: True/False, or both when it cannot be decided. A call the
     evaluator does not know (`torch.cuda.is_bf16_supported()`) is an environment test."""
     if isinstance(test, cst.Call) and _is_env_test(env, test):
+        hardware = _hardware(env, test)
+        if hardware is not None:
+            return hardware
         key = code(test)
         if env.collecting and not env.plain:
             env.env_tests.setdefault(key, test)
@@ -470,6 +499,19 @@ def _truth(env: _Env, test, scope: Scope, order: int, depth: int) -> set:
     for value in _eval(env, test, scope, order, depth):
         out |= {True, False} if value in (UNKNOWN, OTHER) or _opaque(value) else {bool(value)}
     return out
+
+
+def _hardware(env: _Env, call: cst.Call) -> set | None:
+    """`torch.cuda.is_available()` / `torch.cuda.is_bf16_supported()`: the machine is a setting
+    of the run like a flag, except that every machine is a default one."""
+    qual = env.model.imports.qualify(call.func) or ""
+    knob = HARDWARE.get(qual)
+    if knob is None:
+        return None
+    if env.collecting and not env.plain:
+        env.knobs.setdefault(knob.key, knob)
+    value = env.assignment.get(knob.key)
+    return {True, False} if value is None else {value}
 
 
 def _is_env_test(env: _Env, call: cst.Call) -> bool:
@@ -684,17 +726,18 @@ def _autocast(env: _Env, call: cst.Call, qual: str, scope, order, depth) -> set:
             )
         else:
             options = {d if isinstance(d, TorchDtype) else UNKNOWN for d in dtypes}
+        no_gpu = head == "cuda" and env.assignment.get(_CUDA) is False
         for dtype in options:
             for enabled in enableds:
-                out.add(AutocastValue(head, dtype, enabled))
+                # torch disables a CUDA autocast on a machine without CUDA (with a warning)
+                out.add(AutocastValue(head, dtype, False if no_gpu else enabled))
     return out
 
 
 # conditions ------------------------------------------------------------------------------
 def _condition(space: Joint, bad: list[Row], undecided) -> Condition:
     affects_default = any(r.default for r in bad)
-    parts = []
-    named = []
+    parts, machine, named = [], [], []
     by_key = {k.key: k for k in space.knobs}
     for knob in space.knobs:
         seen = {r.setting(knob.key) for r in bad}
@@ -702,15 +745,24 @@ def _condition(space: Joint, bad: list[Row], undecided) -> Condition:
         unsure = {r.setting(knob.key) for r in undecided} - seen
         if seen == domain or (domain - seen <= unsure and set(knob.defaults) & domain <= seen):
             continue  # it does not matter, or only where nothing can be decided (nanoGPT's device)
+        if knob.key == _CUDA:
+            continue  # the precision rules are about CUDA runs anyway
         named.append(knob.ident)
-        parts.append(_knob_text(by_key[knob.key], seen, domain))
-    if not parts:
+        if knob.hardware:
+            machine.extend(knob.show(v) for v in sorted(seen, key=repr))
+        else:
+            parts.append(_knob_text(by_key[knob.key], seen, domain))
+    if not parts and not machine:
         return Condition(affects_default, "in the default configuration", ())
-    text = ("with " + " and ".join(parts)).replace("with without ", "without ")
+    text = ("with " + " and ".join(parts)).replace("with without ", "without ") if parts else ""
+    text = " ".join(t for t in (text, " or ".join(machine)) if t)
     if not affects_default:
-        defaults = [_default_text(by_key[k]) for k in by_key if by_key[k].ident in named]
-        text += f" ({', '.join(defaults)})"
-    return Condition(affects_default, text, tuple(named))
+        shown = [k for k in space.knobs if k.ident in named and not k.hardware]
+        text += f" ({', '.join(_default_text(k) for k in shown)})"
+    return Condition(affects_default, text, tuple(n for n in named if n not in _HW_IDENTS))
+
+
+_HW_IDENTS = {k.ident for k in HARDWARE.values()}
 
 
 def _knob_text(knob: Knob, seen: set, domain: set) -> str:

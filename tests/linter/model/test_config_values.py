@@ -129,9 +129,37 @@ def test_branches_getattr_and_an_unknowable_test():
         """
     )
     found = values_of(model, "use_scaler", "compute_dtype", "fast")
-    assert found[(("--dtype", "bfloat16"),)][:2] == ({False}, {TorchDtype("bf16")})
-    assert found[(("--dtype", "float16"),)][:2] == ({True}, {TorchDtype("fp16")})
-    assert found[(("--dtype", "float16"),)][2] <= {True, False}
+    bf16, fp16 = ("--dtype", "bfloat16"), ("--dtype", "float16")
+    assert found[(bf16, ("CUDA", True))] == ({False}, {TorchDtype("bf16")}, {True})
+    assert found[(fp16, ("CUDA", False))] == ({True}, {TorchDtype("fp16")}, {False})
+
+
+def test_the_machine_is_a_setting_every_value_of_which_is_a_default():
+    model = build(
+        """
+        import torch
+
+        bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        dtype = "bfloat16" if bf16 else "float16"
+        amp = torch.autocast("cuda")
+        """
+    )
+    found = values_of(model, "dtype", "amp")
+    # no bf16 support without CUDA; a CUDA autocast on such a machine is disabled
+    assert found == {
+        (("CUDA", True), ("bf16 support", True)): (
+            {"bfloat16"},
+            {AutocastValue("cuda", TorchDtype("fp16"), True)},
+        ),
+        (("CUDA", True), ("bf16 support", False)): (
+            {"float16"},
+            {AutocastValue("cuda", TorchDtype("fp16"), True)},
+        ),
+        (("CUDA", False), ("bf16 support", False)): (
+            {"float16"},
+            {AutocastValue("cuda", TorchDtype("fp16"), False)},
+        ),
+    }
 
 
 def test_a_name_assigned_in_a_loop_or_augmented_is_unknown():

@@ -137,6 +137,46 @@ def test_a_scaler_keyed_on_the_torch_dtype_is_clean():
     assert found(source, *PRECISION) == []
 
 
+HARDWARE_DTYPE = """
+from contextlib import nullcontext
+
+import torch
+
+device = "cuda:0" if torch.cuda.is_available() else "cpu"
+device_type = "cuda" if "cuda" in device else "cpu"
+gradient_accumulation_steps = 32
+dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float16"
+ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+ctx = nullcontext() if device_type == "cpu" else torch.amp.autocast(device_type, dtype=ptdtype)
+model = GPT(config).to(device)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+scaler = torch.cuda.amp.GradScaler(enabled=(dtype == "float16"))
+for it in range(max_iters):
+    X, Y = get_batch("train")
+    with ctx:
+        logits, loss = model(X, Y)
+        loss = loss / gradient_accumulation_steps
+    scaler.scale(loss).backward()
+    if (it + 1) % gradient_accumulation_steps == 0:
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+"""
+
+
+def test_a_dtype_the_machine_picks_without_a_configurator(at):
+    """The line copied from nanoGPT into a script of its own: the machine is the setting."""
+    assert found(HARDWARE_DTYPE, *PRECISION) == []
+    source = HARDWARE_DTYPE.replace(
+        "torch.amp.autocast(device_type, dtype=ptdtype)", "torch.amp.autocast(device_type)"
+    )
+    assert found(source, *PRECISION) == [("ACL106", *at(source, "ctx:"))]
+    (d,) = lint(source, "ACL106")
+    assert d.configuration.condition == "on a GPU with bf16 support"
+    assert d.configuration.affects_default and d.configuration.knobs == ()
+    assert "float16 by default on CUDA on a GPU with bf16 support, where `scaler` is" in (d.message)
+
+
 # fp16 selectable, no scaler anywhere ------------------------------------------------------------
 FLAG = """
 import argparse
