@@ -182,10 +182,11 @@ class ConfigSpace:
         knobs it reads (`batch_size // micro_batch_size`, `max(round(nbs / opt.batch_size),
         1)`), and those knobs; (_UNKNOWN, ()) when any part of it is out of sight."""
         used: dict[int, Knob] = {}
-        value = self._default(strip_parens(expr), scope, 0, used)
+        value = self._default(strip_parens(expr), scope, 0, used, None)
         return value, tuple(used.values())
 
-    def _default(self, node, scope, depth: int, used: dict) -> object:
+    def _default(self, node, scope, depth: int, used: dict, before: int | None) -> object:
+        """`before`: the order of the statement the value is read in (None: after them all)."""
         if depth > _MAX_EXPRESSION_DEPTH or not isinstance(node, cst.BaseExpression):
             return _UNKNOWN
         node = strip_parens(node)
@@ -198,12 +199,11 @@ class ConfigSpace:
         literal = _literal(node) if isinstance(node, (cst.Integer, cst.Float)) else _UNKNOWN
         if literal is not _UNKNOWN:
             return literal
+        again = lambda n: self._default(n, scope, depth + 1, used, before)  # noqa: E731
         if isinstance(node, cst.BinaryOperation):
-            left = self._default(node.left, scope, depth + 1, used)
-            right = self._default(node.right, scope, depth + 1, used)
-            return _arithmetic(type(node.operator).__name__, left, right)
+            return _arithmetic(type(node.operator).__name__, again(node.left), again(node.right))
         if isinstance(node, cst.Call) and dotted(node.func) in _NUMBER_CALLS:
-            args = [self._default(a, scope, depth + 1, used) for a in positional(node)]
+            args = [again(a) for a in positional(node)]
             if not args or len(args) != len(node.args) or not all(map(_is_number, args)):
                 return _UNKNOWN
             try:
@@ -211,23 +211,70 @@ class ConfigSpace:
             except (TypeError, ValueError, OverflowError):
                 return _UNKNOWN
         if isinstance(node, cst.Name):
-            return self._name_default(node.value, scope, depth, used)
+            return self._name_default(node.value, scope, depth, used, before)
         return _UNKNOWN
 
-    def _name_default(self, name: str, scope, depth: int, used: dict) -> object:
-        """A local or module name bound once (`=`) to a computable expression."""
-        model = self._model
+    def _name_default(self, name: str, scope, depth: int, used: dict, before) -> object:
+        """A local or module name: the value of its last binding that runs at the defaults."""
         while scope is not None and scope.parent is not None:
             defs = scope.defs.get(name, [])
             if defs or name in scope.params:
-                if len(defs) == 1 and defs[0].op == "=":
-                    return self._default(_element(defs[0]), scope, depth + 1, used)
-                return _UNKNOWN
+                return self._bindings_default(defs, scope, depth, used, before)
             scope = scope.parent
-        top = model.scopes[0] if model is not None else None
+        top = self._model.scopes[0] if self._model is not None else None
         defs = top.defs.get(name, []) if top is not None else []
-        if len(defs) == 1 and defs[0].op == "=":
-            return self._default(_element(defs[0]), top, depth + 1, used)
+        return self._bindings_default(defs, top, depth, used, before)
+
+    def _bindings_default(self, defs, scope, depth: int, used: dict, before) -> object:
+        """`k = 1` then `if batch_size > MAX_GPU_BATCH_SIZE: k = batch_size // MAX_...`
+        (Accelerate's examples): each binding in order, an `if` branch taken when its test
+        holds at the defaults. Unknown when a binding is an augmented one, sits in a loop or
+        after an early exit, or under a test the defaults cannot decide."""
+        value = _UNKNOWN
+        for d in defs:
+            if before is not None and d.stmt.order >= before:
+                break
+            if d.op != "=" or any(f.kind in ("loop", "exit") for f in d.stmt.frames):
+                return _UNKNOWN
+            runs = True
+            for frame in d.stmt.frames:
+                if frame.kind != "if":
+                    continue
+                truth = self._truth(frame.node.test, scope, depth + 1, used, d.stmt.order)
+                if truth is _UNKNOWN:
+                    return _UNKNOWN
+                if truth != frame.holds:
+                    runs = False
+                    break
+            if runs:
+                value = self._default(_element(d), scope, depth + 1, used, d.stmt.order)
+        return value
+
+    def _truth(self, test, scope, depth: int, used: dict, before) -> object:
+        """Whether a test holds at the defaults: comparisons of computed numbers, `not`, and
+        `and`/`or`, whose other side may stay unknown when one side decides."""
+        test = strip_parens(test)
+        if depth > _MAX_EXPRESSION_DEPTH:
+            return _UNKNOWN
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            inner = self._truth(test.expression, scope, depth + 1, used, before)
+            return _UNKNOWN if inner is _UNKNOWN else not inner
+        if isinstance(test, cst.BooleanOperation):
+            is_and = isinstance(test.operator, cst.And)
+            left = self._truth(test.left, scope, depth + 1, used, before)
+            if left is not _UNKNOWN and left != is_and:
+                return left  # `False and ...`, `True or ...`
+            right = self._truth(test.right, scope, depth + 1, used, before)
+            if left is _UNKNOWN:
+                return right if right is not _UNKNOWN and right != is_and else _UNKNOWN
+            return right
+        if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+            target = test.comparisons[0]
+            compare = _COMPARISONS.get(type(target.operator).__name__)
+            left = self._default(test.left, scope, depth + 1, used, before)
+            right = self._default(target.comparator, scope, depth + 1, used, before)
+            if compare is not None and _is_number(left) and _is_number(right):
+                return compare(left, right)
         return _UNKNOWN
 
     def _member(self, receiver, attr: str, scope) -> Knob | None:
@@ -442,6 +489,14 @@ def _arithmetic(operator: str, left, right) -> object:
         return _UNKNOWN
 
 
+_COMPARISONS = {
+    "GreaterThan": lambda a, b: a > b,
+    "GreaterThanEqual": lambda a, b: a >= b,
+    "LessThan": lambda a, b: a < b,
+    "LessThanEqual": lambda a, b: a <= b,
+    "Equal": lambda a, b: a == b,
+    "NotEqual": lambda a, b: a != b,
+}
 _AST_OPERATORS = {
     ast.Add: "Add",
     ast.Sub: "Subtract",

@@ -441,3 +441,66 @@ def test_k_handed_to_a_helper_by_every_call_site(at):
     other += "\ntrain_one_epoch(model, loader, optimizer, args.gradient_accumulation_steps)\n"
     (found,) = lint(other, "ACL301")
     assert found.configuration is None  # one call passes a literal: the setting is not K alone
+
+
+ACCELERATE_EXAMPLE = """
+from accelerate import Accelerator
+
+MAX_GPU_BATCH_SIZE = 16
+
+def training_function(config, args):
+    accelerator = Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision)
+    lr = config["lr"]
+    batch_size = int(config["batch_size"])
+    # If the batch size is too big we use gradient accumulation
+    gradient_accumulation_steps = 1
+    if batch_size > MAX_GPU_BATCH_SIZE and accelerator.distributed_type != DistributedType.XLA:
+        gradient_accumulation_steps = batch_size // MAX_GPU_BATCH_SIZE
+        batch_size = MAX_GPU_BATCH_SIZE
+    model, optimizer, train_dataloader = accelerator.prepare(model, optimizer, train_dataloader)
+    for step, batch in enumerate(train_dataloader):
+        outputs = model(**batch)
+        loss = outputs.loss / gradient_accumulation_steps
+        accelerator.backward(loss)
+        if (step + 1) % gradient_accumulation_steps == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+
+def main():
+    config = {"lr": 2e-5, "num_epochs": 3, "seed": 42, "batch_size": {batch}}
+    training_function(config, args)
+"""
+
+
+@pytest.mark.parametrize(("batch", "default", "affects"), [(16, 1, False), (64, 4, True)])
+def test_k_set_in_a_branch_the_defaults_decide(batch, default, affects, at):
+    """Accelerate's examples: K = 1, raised in an `if` on the configured batch size; the test
+    `batch_size > MAX_GPU_BATCH_SIZE and <distributed type>` is decided by its left side when
+    that is false. When it is true the platform decides, and no default is claimed."""
+    source = ACCELERATE_EXAMPLE.replace("{batch}", str(batch))
+    if affects:
+        (found,) = lint(source, "ACL307")
+        assert found.configuration is None  # `distributed_type != XLA` is no setting
+        source = source.replace(" and accelerator.distributed_type != DistributedType.XLA", "")
+    (found,) = lint(source, "ACL307")
+    assert (found.start.line, found.start.column) == at(source, "(step + 1) %")
+    condition = (
+        f"with gradient_accumulation_steps > 1 (default {default}, "
+        'from config["batch_size"], MAX_GPU_BATCH_SIZE)'
+    )
+    assert found.configuration == Configuration(
+        affects, condition, ("batch_size", "MAX_GPU_BATCH_SIZE")
+    )
+
+
+def test_k_reassigned_in_the_loop_is_not_judged_by_a_default(at):
+    """YOLO's warm-up rebinds `accumulate` inside the loop: no default value is claimed."""
+    source = YOLO.replace("{batch}", "16").replace(
+        "            ni = i + nb * epoch\n",
+        "            ni = i + nb * epoch\n"
+        "            if ni <= nw:\n"
+        "                accumulate = max(1, np.interp(ni, xi, [1, nbs / batch_size]).round())\n",
+    )
+    (found,) = lint(source, "ACL301")
+    assert (found.start.line, found.start.column) == at(source, "loss.backward()")
+    assert (found.severity, found.configuration) == (None, None)
