@@ -142,10 +142,10 @@ class Joint:
     knobs: list[Knob]
     rows: list[Row]
 
-    def condition(self, bad: list[Row], undecided: list[Row] = ()) -> Condition:
-        """The settings under which the `bad` rows happen, named by their knobs; `undecided`
-        rows (neither bad nor clean) do not make a knob matter."""
-        return _condition(self, bad, undecided)
+    def condition(self, bad: list[Row], clean: list[Row]) -> Condition:
+        """The settings under which the `bad` rows happen, named by the knobs that matter: a
+        knob whose change turns a bad run into a `clean` one (a run known to be right)."""
+        return _condition(self, bad, clean)
 
 
 @dataclass(frozen=True)
@@ -212,8 +212,11 @@ def _space_knob(model, node, scope: Scope):
     except ImportError:
         return False
     knob = config_space(model).knob_for(node, scope)
-    if knob is None or knob.source == KnobSource.CONSTANT or not knob.default_known:
+    if knob is None or knob.source == KnobSource.CONSTANT:
         return None
+    if not knob.default_known:  # `default="cuda:0" if torch.cuda.is_available() else "cpu"`
+        table = model.memo("config_values.knobs", _find_knobs)
+        return table["flags"].get(knob.name) if knob.source == KnobSource.ARGPARSE else None
     made = model.memo("config_values.space_knobs", lambda m: {})
     if id(knob) not in made:
         values = tuple(knob.choices) if knob.choices else ()
@@ -414,6 +417,8 @@ def _eval(env: _Env, node, scope: Scope, order: int, depth: int) -> set:
         return {float(node.value)}
     if isinstance(node, cst.Name) and node.value in ("True", "False", "None"):
         return {{"True": True, "False": False, "None": None}[node.value]}
+    if isinstance(node, cst.Name) and node.value == "__name__" and scope.parent is None:
+        return {"__main__"}  # a training script runs as the main module
     deeper = depth + 1
     if isinstance(node, (cst.Name, cst.Attribute)):
         return _eval_name(env, node, scope, order, deeper)
@@ -438,12 +443,20 @@ def _eval_name(env: _Env, node, scope: Scope, order: int, depth: int) -> set:
     if qual.startswith("torch.") and qual[6:] in TORCH_DTYPES:
         return {TorchDtype(TORCH_DTYPES[qual[6:]])}
     knob = None if env.plain else knob_for(model, node, scope, order)
+    text = dotted(node)
     if knob is not None:
         if env.collecting:
             env.knobs.setdefault(knob.key, knob)
-            return set(knob.defaults) | set(knob.values) | {OTHER}
-        return {env.assignment.get(knob.key, UNKNOWN)}
-    text = dotted(node)
+            value = set(knob.defaults) | set(knob.values) | {OTHER}
+        else:
+            value = {env.assignment.get(knob.key, UNKNOWN)}
+        top = model.scopes[0]
+        again = (scope.defs.get(text) or top.defs.get(text)) if "." in (text or "") else None
+        if not again:
+            return value  # a global's own assignment is its default, which the knob holds
+        # `args.device = "cuda:0"` after the parse: those assignments decide where they run
+        where, until = (scope, order) if scope.defs.get(text or "") else (top, 1 << 30)
+        return _from_defs(env, again, where, until, depth, fallback=value)
     own = scope.defs.get(text or "")
     if own:
         return _from_defs(env, own, scope, order, depth)
@@ -453,9 +466,12 @@ def _eval_name(env: _Env, node, scope: Scope, order: int, depth: int) -> set:
     return {UNKNOWN}
 
 
-def _from_defs(env: _Env, defs: list[Def], scope: Scope, order: int, depth: int) -> set:
+def _from_defs(
+    env: _Env, defs: list[Def], scope: Scope, order: int, depth: int, fallback=None
+) -> set:
     """The value a read sees: the last assignment before it that surely runs, and the later
-    ones whose `if` test the evaluator cannot decide (their branch may or may not run)."""
+    ones whose `if` test the evaluator cannot decide (their branch may or may not run);
+    `fallback` where none surely runs (a knob's own value), else UNKNOWN."""
     before = sorted((d for d in defs if d.stmt.order < order), key=lambda d: d.stmt.order)
     found: set = set()
     for d in reversed(before):
@@ -469,7 +485,7 @@ def _from_defs(env: _Env, defs: list[Def], scope: Scope, order: int, depth: int)
         found |= _eval(env, d.value, scope, d.stmt.order, depth)
         if None not in verdicts:
             return found
-    return found | {UNKNOWN}
+    return found | (fallback if fallback is not None else {UNKNOWN})
 
 
 def _holds(env: _Env, frame, scope: Scope, order: int, depth: int) -> bool | None:
@@ -735,23 +751,27 @@ def _autocast(env: _Env, call: cst.Call, qual: str, scope, order, depth) -> set:
 
 
 # conditions ------------------------------------------------------------------------------
-def _condition(space: Joint, bad: list[Row], undecided) -> Condition:
+def _condition(space: Joint, bad: list[Row], clean: list[Row]) -> Condition:
     affects_default = any(r.default for r in bad)
+    keys = [k.key for k in space.knobs]
+
+    def part(row: Row) -> tuple:
+        return tuple(row.setting(k) for k in keys)
+
+    bad_parts = {part(r) for r in bad}
+    clean_parts = {part(r) for r in clean}
     parts, machine, named = [], [], []
-    by_key = {k.key: k for k in space.knobs}
-    for knob in space.knobs:
-        seen = {r.setting(knob.key) for r in bad}
-        domain = {r.setting(knob.key) for r in space.rows}
-        unsure = {r.setting(knob.key) for r in undecided} - seen
-        if seen == domain or (domain - seen <= unsure and set(knob.defaults) & domain <= seen):
-            continue  # it does not matter, or only where nothing can be decided (nanoGPT's device)
-        if knob.key == _CUDA:
+    for i, knob in enumerate(space.knobs):
+        domain = {p[i] for p in bad_parts | clean_parts}
+        matters = any(p[:i] + (v,) + p[i + 1 :] in clean_parts for p in bad_parts for v in domain)
+        if not matters or knob.key == _CUDA:
             continue  # the precision rules are about CUDA runs anyway
+        seen = {p[i] for p in bad_parts}
         named.append(knob.ident)
         if knob.hardware:
             machine.extend(knob.show(v) for v in sorted(seen, key=repr))
         else:
-            parts.append(_knob_text(by_key[knob.key], seen, domain))
+            parts.append(_knob_text(knob, seen, domain))
     if not parts and not machine:
         return Condition(affects_default, "in the default configuration", ())
     text = ("with " + " and ".join(parts)).replace("with without ", "without ") if parts else ""

@@ -154,15 +154,15 @@ def runs_where(model, exprs: list[Expr], bad) -> Verdict | None:
         part = tuple((k, v) for k, v in row.settings if k in defaults)
         if sum(v not in defaults[k] for k, v in part) <= 1:
             groups.setdefault(part, []).append(row)
-    bad_rows, undecided = [], []
+    bad_rows, clean = [], []
     for rows in groups.values():
         if all(bad(r.values) for r in rows):
             bad_rows.extend(rows)
-        elif any(len(v) > 1 or cv.UNKNOWN in v for r in rows for v in r.values):
-            undecided.extend(rows)
+        elif not any(len(v) > 1 or cv.UNKNOWN in v for r in rows for v in r.values):
+            clean.extend(rows)  # neither bad nor undecided: a run known to be right
     if not bad_rows:
         return None
-    return Verdict(space.condition(bad_rows, undecided), tuple(bad_rows))
+    return Verdict(space.condition(bad_rows, clean), tuple(bad_rows))
 
 
 def scaler_exprs(model, scalers: list[Scaler]) -> list[Expr | None]:

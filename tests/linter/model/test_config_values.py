@@ -202,9 +202,9 @@ def test_conditions_name_the_setting_and_the_default():
     top = model.scopes[0]
     space = cv.joint(model, [(libcst.parse_expression("scaler"), top, 1 << 29)])
     off = [r for r in space.rows if r.values[0] == {ScalerValue(False)}]
-    condition = space.condition(off)
+    on = [r for r in space.rows if r.values[0] == {ScalerValue(True)}]
+    condition = space.condition(off, on)
     assert condition.affects_default  # 'bfloat16' is the default on a bf16 GPU
     assert condition.text == "with dtype='bfloat16' or dtype='float32'"
     assert condition.knobs == ("dtype",)
-    on = [r for r in space.rows if r.values[0] == {ScalerValue(True)}]
-    assert space.condition(on).text == "with dtype='float16'"
+    assert space.condition(on, off).text == "with dtype='float16'"

@@ -177,6 +177,67 @@ def test_a_dtype_the_machine_picks_without_a_configurator(at):
     assert "float16 by default on CUDA on a GPU with bf16 support, where `scaler` is" in (d.message)
 
 
+MINIMIND = """
+import argparse
+from contextlib import nullcontext
+
+import torch
+from torch import optim
+
+
+def train_epoch(epoch):
+    for step, (X, Y, loss_mask) in enumerate(train_loader):
+        X, Y = X.to(args.device), Y.to(args.device)
+        with ctx:
+            out = model(X, Y)
+            loss = out.last_loss / args.accumulation_steps
+        scaler.scale(loss).backward()
+        if (step + 1) % args.accumulation_steps == 0:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Tiny-LLM Pretraining")
+    parser.add_argument(
+        "--device", type=str, default="cuda:0" if torch.cuda.is_available() else "cpu"
+    )
+    parser.add_argument("--dtype", type=str, default="bfloat16", help="Data type")
+    parser.add_argument("--accumulation_steps", type=int, default=8)
+    parser.add_argument("--grad_clip", type=float, default=1.0)
+    parser.add_argument("--gpus", type=str, default="0,1")
+    args = parser.parse_args()
+    if args.gpus is not None:
+        if torch.cuda.is_available():
+            args.device = "cuda:0"
+        else:
+            args.device = "cpu"
+    device_type = "cuda" if "cuda" in args.device else "cpu"
+    ctx = nullcontext() if device_type == "cpu" else torch.cuda.amp.autocast()
+    model = build_model()
+    scaler = torch.cuda.amp.GradScaler(enabled=(args.dtype in ["float16", "bfloat16"]))
+    optimizer = optim.AdamW(model.parameters(), lr=2e-4)
+    for epoch in range(args.epochs):
+        train_epoch(epoch)
+"""
+
+
+def test_a_minimind_style_script_with_a_free_form_dtype_flag(at):
+    """`--dtype` without choices: a value the script never names turns the scaler off while
+    the autocast (no dtype) stays fp16; the device flag, reassigned after the parse, and the
+    machine do not change that."""
+    assert found(MINIMIND, *PRECISION) == [("ACL106", *at(MINIMIND, "ctx:"))]
+    (d,) = lint(MINIMIND, "ACL106")
+    condition = "with --dtype not in ('bfloat16', 'float16') (default bfloat16)"
+    assert d.configuration.condition == condition
+    assert d.configuration.knobs == ("dtype",) and not d.configuration.affects_default
+    keyed = MINIMIND.replace('enabled=(args.dtype in ["float16", "bfloat16"])', "enabled=True")
+    assert found(keyed, *PRECISION) == []
+
+
 # fp16 selectable, no scaler anywhere ------------------------------------------------------------
 FLAG = """
 import argparse
