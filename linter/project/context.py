@@ -284,10 +284,9 @@ class _Builder:
                     self._module_alias(imp.local, target)
                 continue
             target = self.modules.resolve(imp.module, self.path)
-            summary = self._summary(target)
-            found = summary.definition(imp.name) if summary else None
+            summary, found = self._find(self._summary(target), imp.name)
             if found is not None:
-                why = f"`{imp.local}` imported from {self.project.shown(target)}"
+                why = f"`{imp.local}` imported from {self.project.shown(summary.path)}"
                 self._add(summary, found, imp.local, why)
                 continue
             sub = self.modules.resolve(f"{imp.module}.{imp.name}" if imp.module else imp.name)
@@ -302,15 +301,15 @@ class _Builder:
             return
         pattern = re.compile(rf"(?<![\w.]){re.escape(local)}\.(\w+)\b")
         for attr in sorted(set(pattern.findall(self.text))):
-            found = summary.definition(attr)
-            if found is None or not _worth_reading(found, 1):
+            where, found = self._find(summary, attr)
+            if found is None:
                 continue
             written = f"{local}.{attr}"
             name = written.replace(".", "_")  # as long as what it replaces
             if re.search(rf"\b{re.escape(name)}\b", self.text) or name in self.taken:
                 continue
-            why = f"`{written}` from {self.project.shown(target)}"
-            if self._add(summary, found, name, why, written):
+            why = f"`{written}` from {self.project.shown(where.path)}"
+            if self._add(where, found, name, why, written):
                 self.rewrites[written] = name
 
     # who calls the file's functions -------------------------------------------------------
@@ -370,10 +369,9 @@ class _Builder:
             target = self.modules.resolve(imp.module, path)
             if target is None or target == self.path:
                 continue
-            other = self._summary(target)
-            found = other.definition(imp.name) if other else None
+            other, found = self._find(self._summary(target), imp.name)
             if found is not None and found.relevant:
-                why = f"`{imp.local}` imported from {self.project.shown(target)}"
+                why = f"`{imp.local}` imported from {self.project.shown(other.path)}"
                 self._add(other, found, imp.local, why)
 
     # adding a definition ------------------------------------------------------------------
@@ -390,7 +388,9 @@ class _Builder:
     ) -> bool:
         if (summary.path, found.name) in self.seen:
             return True
-        if not _worth_reading(found, depth) or name in self.taken:
+        if not (caller or found.relevant or self._entered(found, written or name, depth)):
+            return False
+        if name in self.taken:
             return False
         lines = summary.text_of(found) if lines is None else lines
         if self.lines + len(lines) > MAX_CONTEXT_LINES:
@@ -423,6 +423,17 @@ class _Builder:
                               f"{shown}", depth=depth + 1)  # fmt: skip
         return True
 
+    def _entered(self, found: Definition, written: str, depth: int) -> bool:
+        """A short definition the file enters as a context (`with misc.ddp_sync(model, s):`)
+        is read even when it names nothing of training: one that only yields enters nothing,
+        and that is a fact. Any other call of a definition that names nothing the model knows
+        stays opaque, as the rules treat an unknown call (a gradient scaling helper whose body
+        calls further out is not proven harmless by reading half of it)."""
+        if depth != 1 or found.end_line - found.first_line >= SHORT:
+            return False
+        entered = rf"\bwith\b[^\n:]*(?<![\w.]){re.escape(written)}\s*\("
+        return re.search(entered, self.text) is not None
+
     def _third_party(self, summary: ModuleSummary, text: str) -> None:
         """The other module's imports of libraries that the copied text uses (`DDP`, `amp`),
         unless the file binds the same name: the model qualifies names through imports."""
@@ -442,6 +453,20 @@ class _Builder:
             else:
                 line = f"from {imp.module} import {imp.name} as {imp.local}"
             self.import_lines[head] = (summary.path, imp.line, [line])
+
+    def _find(self, summary: ModuleSummary | None, name: str, hops: int = 3):
+        """(module, definition) of `name` in a module, through the imports that re-export it
+        (a package's `__init__.py` importing it from a submodule); (None, None) if absent."""
+        if summary is None:
+            return None, None
+        found = summary.definition(name)
+        if found is not None:
+            return summary, found
+        for imp in summary.imports if hops else ():
+            if imp.local == name and imp.name is not None:
+                target = self.modules.resolve(imp.module, summary.path)
+                return self._find(self._summary(target), imp.name, hops - 1)
+        return None, None
 
     def _summary(self, path: str | None) -> ModuleSummary | None:
         if path is None or path == self.path:
@@ -472,12 +497,6 @@ class _Builder:
             lines.append("")
         context.text = prefix + "\n".join(lines) + "\n"
         return context
-
-
-def _worth_reading(found: Definition, depth: int) -> bool:
-    """A definition that touches training, or a short one the file uses itself (a context
-    manager that only yields is a fact too: it enters nothing)."""
-    return found.relevant or (depth == 1 and found.end_line - found.first_line < SHORT)
 
 
 SHORT = 40  # lines

@@ -108,7 +108,20 @@ def summarize(path: str, text: str, digest: str, package: str) -> ModuleSummary:
                 imports.append(Import(local, module, alias.name, node.lineno, end, node.level))
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             definitions.append(_definition(node, lines))
+    definitions = _through_helpers(definitions)
     return ModuleSummary(path, digest, tuple(imports), tuple(definitions), lines, frozenset(bound))
+
+
+def _through_helpers(definitions: list[Definition]) -> list[Definition]:
+    """A definition that calls a relevant one of its module is relevant too (`get_args()`
+    returning `get_args_parser().parse_args()`), to the depth the context follows."""
+    from dataclasses import replace
+
+    relevant = {d.name for d in definitions if d.relevant}
+    return [
+        d if d.relevant or not (d.calls & relevant) else replace(d, relevant=True)
+        for d in definitions
+    ]
 
 
 def _bound_by(node: ast.stmt) -> set[str]:

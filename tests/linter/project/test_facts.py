@@ -499,3 +499,61 @@ def test_collate_of_another_module_pads_labels_with_minus_100(tree, at):
 def test_collate_of_another_module_stacks_equal_lengths(tree, at):
     tree.write({"train.py": COLLATE_TRAIN, "data.py": COLLATE_FIXED})
     assert tree.findings("train.py", "ACL308") == []
+
+
+# a helper that reaches further out stays what it was: an opaque call ------------------------------
+TOKEN_TRAIN = """
+import torch
+
+from mylib import training
+
+
+def train(model, loader, optimizer, loss_fn, accum_steps):
+    num_tokens = 0
+    for step, batch in enumerate(loader):
+        tokens = (batch["labels"] != loss_fn.ignore_index).sum()
+        num_tokens += tokens
+        loss = loss_fn(model(batch["input_ids"]), batch["labels"]) * tokens
+        loss.backward()
+        if (step + 1) % accum_steps == 0:
+            training.scale_grads_(model.parameters(), 1.0 / num_tokens)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            num_tokens = 0
+"""
+
+GRADS = """
+import torch
+
+
+def scale_grads_(parameters, scaler):
+    parameters = list(parameters)
+    _multiply_grads(parameters, scaler)
+
+
+def _multiply_grads(parameters, scaler):
+    grads = [p.grad for p in parameters if p.grad is not None]
+    torch._foreach_mul_(grads, scaler.to(grads[0].device))
+"""
+
+
+def test_gradient_scaling_helper_reexported_by_a_package_stays_opaque(tree, at):
+    tree.write({"train.py": TOKEN_TRAIN, "mylib/__init__.py": "",
+                "mylib/training/__init__.py": "from mylib.training._grads import scale_grads_\n",
+                "mylib/training/_grads.py": GRADS})  # fmt: skip
+    assert tree.findings("train.py", "ACL301") == []
+    assert tree.findings("train.py", "ACL301", alone=True) == []
+    unscaled = TOKEN_TRAIN.replace(
+        "            training.scale_grads_(model.parameters(), 1.0 / num_tokens)\n", ""
+    )
+    tree.write({"train.py": unscaled})
+    assert tree.findings("train.py", "ACL301") == [("ACL301", *at(unscaled, "loss.backward()"))]
+
+
+def test_clipping_helper_reexported_by_the_package(tree, at):
+    engine = CLIP_ENGINE.replace("from util import misc", "from util import clip_gradients")
+    engine = engine.replace("misc.clip_gradients(", "clip_gradients(")
+    tree.write({"engine.py": engine, "main.py": CLIP_MAIN,
+                "util/__init__.py": "from .misc import clip_gradients, grad_norm\n",
+                "util/misc.py": CLIP_MISC})  # fmt: skip
+    assert tree.findings("engine.py", "ACL104") == [("ACL104", *at(engine, "clip_gradients("))]
