@@ -107,10 +107,10 @@ def _parsed_default(parser: argparse.ArgumentParser, action: argparse.Action) ->
     """The value the option takes when it is not given: argparse converts a string default
     through the option's `type`, as it does at parse time."""
     default = parser.get_default(action.dest)
-    if isinstance(default, str) and callable(getattr(action, "type", None)):
-        try:
+    if isinstance(default, str) and getattr(action, "type", None) in (int, float):
+        try:  # only the builtin numbers: another `type=` (argparse.FileType) may act
             return action.type(default)
-        except Exception:  # noqa: BLE001 - a default the type rejects stays as written
+        except ValueError:  # a default the type rejects stays as written
             return default
     return default
 
@@ -155,9 +155,18 @@ def _read_configurator() -> None:
     if main is None or not overrides:
         return
     defaults = _module_literals(getattr(main, "__file__", None))
-    for key, _, _text_value in overrides:
+    for key, _, text in overrides:
         if key in defaults and hasattr(main, key) and ("argparse", key) not in _settings:
-            _add(Setting(key, f"--{key}", getattr(main, key), defaults[key], "configurator"))
+            _add(Setting(key, f"--{key}", _configured(text), defaults[key], "configurator"))
+
+
+def _configured(text: str) -> Any:
+    """The value as nanoGPT's configurator reads it (`literal_eval`, else the string): the
+    command line's, not the global's now (`gradient_accumulation_steps //= world_size`)."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return text
 
 
 def _module_literals(path: str | None) -> dict[str, Any]:

@@ -122,6 +122,16 @@ def test_the_run_report_lists_the_settings_against_the_parsers_defaults(guard_on
     assert "help" not in rows
 
 
+def test_recording_never_runs_a_type_that_acts(guard_on, tmp_path):
+    """`type=argparse.FileType("w")` opens its file: only int/float defaults are converted."""
+    parser = argparse.ArgumentParser()
+    untouched = tmp_path / "default.log"
+    parser.add_argument("--log", type=argparse.FileType("w"), default=str(untouched))
+    args = parser.parse_args(["--log", str(tmp_path / "given.log")])
+    args.log.close()
+    assert not untouched.exists()
+
+
 def test_an_accelerator_built_with_another_k_is_not_the_flags_doing(guard_on):
     pytest.importorskip("accelerate")
     from accelerate import Accelerator
@@ -170,6 +180,8 @@ for arg in sys.argv[1:]:
     key, val = arg[2:].split("=")
     globals()[key] = type(globals()[key])(val)
 
+world_size = 2  # nanoGPT: gradient_accumulation_steps //= ddp_world_size
+gradient_accumulation_steps //= world_size
 torch.manual_seed(0)
 model = nn.Linear(8, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=learning_rate)
@@ -195,7 +207,8 @@ def test_a_nanogpt_configurator_override_under_python_m_guard(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    assert (
+    assert "2 micro-batches contributed" in proc.stderr  # 4 // 2 per process
+    assert (  # what the command line set, not the global after the division
         "this run sets `--gradient_accumulation_steps=4` (default 1), the setting under which "
         "it bites"
     ) in proc.stderr
