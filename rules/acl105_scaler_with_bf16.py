@@ -21,6 +21,13 @@ dtype) or an Accelerator / guard engine with `mixed_precision="bf16"`, and no fp
 `.half()`, `args.fp16` or `"fp16"` choice). A scaler whose `enabled=` follows the fp16 choice, or
 is switched by something else (`torch.cuda.is_available()`), is left alone.
 
+Per configuration: where the scaler's `enabled=`, the autocast dtype and the Accelerator's
+`mixed_precision` read the same settings, they are evaluated together, and a scaler that is on in
+a run whose precision is bf16 is reported with that setting (`enabled=(dtype in ['float16',
+'bfloat16'])` `with dtype='bfloat16'`; `enabled=args.mixed_precision != "no"` beside
+`Accelerator(mixed_precision=args.mixed_precision)` `with --mixed_precision bf16`), without a fix:
+under fp16 the scaler is needed.
+
 It is a warning when the trained parameters are fp32 (the usual autocast setup: wasted work, the
 results are right), and an error when the file trains a model cast to bf16 (`.bfloat16()`,
 `.to(torch.bfloat16)`, `torch_dtype=torch.bfloat16`, parameters reaching an optimizer, not

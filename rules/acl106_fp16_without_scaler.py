@@ -21,6 +21,13 @@ scales the loss: no GradScaler in the module, none handed to the function, and n
 guard engine other than one pinned to `mixed_precision="no"` (an fp16 engine scales itself; a raw
 backward beside it is ACL101, a region of another dtype is ACL204).
 
+Per configuration: when the region's dtype and the scaler's `enabled=` read the same settings
+(`--dtype`, a global nanoGPT's configurator may override, the machine's bf16 support), the linter
+evaluates them together and reports the runs that train fp16 with every scaler off, with the
+setting that makes it real (`autocast()` without dtype beside `GradScaler(enabled=(dtype ==
+'float16'))` is wrong `with dtype='bfloat16' or dtype='float32'`). A value it cannot evaluate is
+never a finding.
+
 ## Why is this bad?
 Gradients flowing back through fp16 activations are computed in fp16, whose smallest subnormal is
 about 6e-8 (smallest normal about 6e-5). Anything smaller becomes zero, so layers quietly stop

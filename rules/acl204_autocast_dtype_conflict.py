@@ -17,8 +17,11 @@ Flags an enabled user autocast whose dtype (written, or the device default: fp16
 CPU) is fp16 while every Accelerator / guard engine of the module is statically set to bf16, or
 the reverse; and `accelerator.autocast()` in a module whose engines are pinned to
 `mixed_precision="no"` (a guard engine built without a precision is `"no"`). A dtype or device
-taken from a variable, and a precision read from a config file or the CLI are left alone. A
-region around the prepared model is reported by ACL201 too, whose fix adopts the engine's dtype.
+taken from a variable, and a precision read from a config file or the CLI are left alone, except
+where the flag's `choices=` name the precisions: then each choice is judged, and a training region
+that disagrees with one is reported with it (`with --mixed_precision bf16 (default no)`); a
+region no backward follows (validation, the inference after training) is not. A region around
+the prepared model is reported by ACL201 too, whose fix adopts the engine's dtype.
 
 ## Why is this bad?
 With an engine in bf16, a bare `torch.autocast("cuda")` runs its region in fp16 with no scaler, so
