@@ -156,6 +156,27 @@ def test_an_accelerator_built_with_another_k_is_not_the_flags_doing(guard_on):
         GradientState._reset_state()
 
 
+def test_a_precision_flag_is_named_when_the_accelerator_runs_it(guard_on):
+    pytest.importorskip("accelerate")
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    from guard import _run_settings
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mixed_precision", default="no", choices=["no", "fp16", "bf16"])
+    args = parser.parse_args(["--mixed_precision", "bf16"])
+    try:
+        accelerator = Accelerator(cpu=True, mixed_precision=args.mixed_precision)
+        [cause] = _run_settings.causes("ACL105")
+        assert (cause.given(), cause.default_text()) == ("--mixed_precision bf16", "default no")
+        assert _run_settings.causes("ACL301") == []  # not what accumulation findings need
+        assert accelerator.mixed_precision == "bf16"
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+
+
 def test_uninstall_restores_argparse():
     import guard
 
