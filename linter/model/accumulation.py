@@ -406,9 +406,8 @@ def _draws_batches(call: cst.Call) -> bool:
 
 # --- what --show-loops prints -------------------------------------------------------------
 def describe_loop(model, loop) -> dict:
-    """The accumulation facts the ACL302/306/309/311/313 checks use, for one training loop."""
-    from linter.model.k_reads import k_reads  # k_reads builds on this module
-
+    """The accumulation facts the ACL302/306/309/311/313 checks use, for one training loop
+    (`describe` adds ACL313's `k_reads`: that module builds on this one)."""
     entries = [r for r in accumulate_regions(model) if innermost_loop(r.frames) is loop.node]
     state = "unknown"
     if isinstance(loop.node, cst.For):
@@ -428,5 +427,4 @@ def describe_loop(model, loop) -> dict:
         "accumulate_entries": [{"code": code(r.call), "line": model.line(r.call)} for r in entries],
         "backwards_in_an_entry": sum(entered_accumulate(model, s.stmt) for s in loop.backwards),
         "loader": state,
-        "k_reads": sorted({r.kind for r in k_reads(model)}),  # what ACL313 weighs
     }

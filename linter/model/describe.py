@@ -19,6 +19,11 @@ from linter.model import (
 )
 from linter.model.config_space import gate_configuration, k_configuration
 from linter.model.cst_util import code
+from linter.model.eval_modes import eval_mode_leaks
+from linter.model.gathers import metric_gathers
+from linter.model.k_reads import k_reads
+from linter.model.param_dtypes import param_casts
+from linter.model.scaler_updates import covering_update
 
 # A step function called once per batch is described as kind "step function".
 _LOOP_KINDS = {"For": "for", "While": "while", "FunctionDef": "step function"}
@@ -27,7 +32,7 @@ _LOOP_KINDS = {"For": "for", "While": "while", "FunctionDef": "step function"}
 def describe(model: Model, path: str) -> dict:
     found = {"file": path, "loops": [_loop(model, loop, path) for loop in model.loops]}
     for key, facts in (
-        ("evaluation", evaluation.describe(model)),
+        ("evaluation", _evaluation(model)),
         ("checkpoints", checkpoints.describe(model)),
         ("configuration", _configuration(model)),
     ):
@@ -38,6 +43,23 @@ def describe(model: Model, path: str) -> dict:
 
 def _line(model: Model, node) -> int:
     return model.line(node)
+
+
+def _evaluation(model: Model) -> list[dict]:
+    """The evaluation contexts, then the gathers feeding a metric, then the eval modes never
+    undone (the last two build on `evaluation`, so they are added here)."""
+    entries = evaluation.describe(model)
+    for gather in metric_gathers(model):
+        entries.append(
+            {
+                "kind": "gather feeding a metric",
+                "line": model.line(gather.call),
+                "sink": gather.sink,
+            }
+        )
+    for leak in eval_mode_leaks(model):
+        entries.append({"kind": "eval mode never undone", "line": model.line(leak.eval_call.call)})
+    return entries
 
 
 def _configuration(model: Model) -> dict | None:
@@ -72,7 +94,10 @@ def _loop(model: Model, loop: TrainingLoop, path: str) -> dict:
         "prepared": {p.original: p.name for p in model.setup.prepared.values()},
         "prepared_objects": prepared_objects.describe(model, loop),
         "accumulation": _accumulation(model, loop),
-        "accumulation_windows": accumulation.describe_loop(model, loop),
+        "accumulation_windows": {
+            **accumulation.describe_loop(model, loop),
+            "k_reads": sorted({r.kind for r in k_reads(model)}),  # what ACL313 weighs
+        },
         "step_branch": _step_branch(model, loop),
         "regions": [
             {"kind": r.kind, "code": code(r.call), "line": _line(model, r.call)}
@@ -84,9 +109,9 @@ def _loop(model: Model, loop: TrainingLoop, path: str) -> dict:
         "backwards": [_backward(model, site) for site in loop.backwards],
         "schedule_lengths": schedules.describe(model, loop),
         "logged_losses": logged_losses.describe(model, loop),
-        "scaler_protocol": scaler_protocol.describe(model, loop.node),
+        "scaler_protocol": scaler_protocol.describe(model, loop.node, covering_update),
         "step_gate_window": windows.describe(model, loop),
-        "precision": precision.describe(model, loop),
+        "precision": precision.describe(model, loop, param_casts(model)),
     }
 
 

@@ -315,10 +315,8 @@ def frozen_models(model) -> set[str]:
 
 
 def describe(model) -> list[dict]:
-    """The evaluation contexts found, whether each runs without gradients, and its gathers."""
-    from linter.model.eval_modes import eval_mode_leaks  # both build on this module
-    from linter.model.gathers import metric_gathers
-
+    """The evaluation contexts found and whether each runs without gradients (`describe` adds
+    the gathers and the eval modes never undone: those modules build on this one)."""
     entries = []
     for context in eval_contexts(model):
         first = context.model_calls[0]
@@ -331,14 +329,4 @@ def describe(model) -> list[dict]:
                 "gradients": "off" if grad_free(model, first.stmt) else "on",
             }
         )
-    for gather in metric_gathers(model):
-        entries.append(
-            {
-                "kind": "gather feeding a metric",
-                "line": model.line(gather.call),
-                "sink": gather.sink,
-            }
-        )
-    for leak in eval_mode_leaks(model):
-        entries.append({"kind": "eval mode never undone", "line": model.line(leak.eval_call.call)})
     return entries

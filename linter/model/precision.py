@@ -303,11 +303,10 @@ def bf16_sources(model) -> list[str]:
 
 
 # --show-loops ---------------------------------------------------------------------------------
-def describe(model, loop) -> dict:
+def describe(model, loop, param_casts: list) -> dict:
     """The precision facts ACL105/106/107/202/204 rely on, for one loop: the engines' precision,
-    the autocast regions inside the loop and the dtypes models' parameters are cast to."""
-    from linter.model.param_dtypes import param_casts  # that module reads this one
-
+    the autocast regions inside the loop and the dtypes models' parameters are cast to
+    (`param_dtypes.param_casts`, handed in: that module builds on this one)."""
     regions = [
         _describe_autocast(model, c)
         for c in autocasts(model)
@@ -321,7 +320,7 @@ def describe(model, loop) -> dict:
             "frozen": c.frozen,
             "line": model.line(c.node),
         }
-        for c in param_casts(model)
+        for c in param_casts
     ]
     precision = engine_precision(model) if engines(model) else "no engine"
     return {

@@ -388,15 +388,14 @@ def optimizer_models(model: Model, text: str | None) -> set[str]:
 
 
 # --show-loops -----------------------------------------------------------------------------------
-def describe(model: Model, node: cst.CSTNode) -> dict | None:
+def describe(model: Model, node: cst.CSTNode, covering_update) -> dict | None:
     """What the scaler rules understood about the body of a loop: its scaled backwards, the
-    scaler steps and whether an update follows each in every iteration, its unscales, and the
-    optimizer steps that bypass the scaler."""
+    scaler steps and whether an update follows each in every iteration (`covering_update`, from
+    `scaler_updates`, which builds on this module), its unscales, and the optimizer steps that
+    bypass the scaler."""
     body = next((b for b in bodies(model) if b.node is node), None)
     if body is None or not (scaled_backwards(model, body) or _scaler_sites(body)):
         return None
-    from linter.model.scaler_updates import covering_update  # it builds on this module
-
     line = model.line
     steps = [s for s in body.sites if s.kind == "scaler_step" and s.call is not None]
     return {

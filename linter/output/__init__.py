@@ -64,10 +64,22 @@ def column(position) -> int:
     return position.column + 1
 
 
+def rule_name(code: str) -> str | None:
+    from rules import ALL_RULES
+
+    rule = ALL_RULES.get(code)
+    return rule.name if rule else ("syntax-error" if code == "ACL000" else None)
+
+
+def rule_severity(code: str) -> str:
+    from rules import ALL_RULES
+
+    rule = ALL_RULES.get(code)
+    return rule.severity if rule else "error"
+
+
 def summary(diagnostics: list[Diagnostic], context: Context) -> str:
     """The closing lines of the text formats, worded like ruff's."""
-    from linter.output.json_format import rule_severity
-
     levels = [d.severity or rule_severity(d.code) for d in diagnostics]
     errors, warnings, hints = (levels.count(level) for level in ("error", "warning", "info"))
     if not errors + warnings and not context.unchecked:

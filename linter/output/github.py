@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from linter.output import Context, column, placed
+from linter.output import Context, column, placed, rule_severity
 from linter.types import Diagnostic
 
 
@@ -24,8 +24,6 @@ _COMMANDS = {"error": "error", "warning": "warning", "info": "notice"}
 
 
 def _command(diagnostic: Diagnostic) -> str:
-    from linter.output.json_format import rule_severity
-
     return _COMMANDS[diagnostic.severity or rule_severity(diagnostic.code)]
 
 

@@ -12,26 +12,12 @@ from __future__ import annotations
 import json
 import os
 
-from linter.output import Context, column, placed
+from linter.output import Context, column, placed, rule_name, rule_severity
 from linter.types import Diagnostic, Position
 
 
 def location(position: Position) -> dict:
     return {"column": column(position), "row": position.line}
-
-
-def rule_name(code: str) -> str | None:
-    from rules import ALL_RULES
-
-    rule = ALL_RULES.get(code)
-    return rule.name if rule else ("syntax-error" if code == "ACL000" else None)
-
-
-def rule_severity(code: str) -> str:
-    from rules import ALL_RULES
-
-    rule = ALL_RULES.get(code)
-    return rule.severity if rule else "error"
 
 
 def as_dict(diagnostic: Diagnostic, cell: int | None = None) -> dict:

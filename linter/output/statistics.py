@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from linter.output import Context, fixable
-from linter.output.json_format import rule_name
+from linter.output import Context, fixable, rule_name
 from linter.types import Diagnostic
 
 

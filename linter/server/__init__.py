@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=options.log_level.upper(), format="accel-lint server: %(message)s")
     try:
-        from linter.server.app import start
+        from linter.server.features import start
     except ImportError as exc:  # pygls is the `server` extra
         parser.exit(2, f"error: {exc.name} is not installed: pip install 'accel-lint[server]'\n")
     start(options.root)

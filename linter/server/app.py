@@ -142,19 +142,3 @@ class AccelLintServer(LanguageServer):
 
 def is_config(uri: str) -> bool:
     return PurePath(to_fs_path(uri) or uri).name in CONFIG_NAMES
-
-
-def build() -> AccelLintServer:
-    """The server with its features registered (see `linter.server.features`)."""
-    from linter.server.features import register
-
-    server = AccelLintServer()
-    register(server)
-    return server
-
-
-def start(root: Path | None = None) -> None:
-    server = build()
-    if root is not None:
-        server.linter.root = root
-    server.start_io()

@@ -1,6 +1,9 @@
-"""The LSP methods the server answers, each a thin handler over `AccelLintServer`."""
+"""The LSP methods the server answers, each a thin handler over `AccelLintServer`; `build` and
+`start` give the server with them registered (this module sits above `app`, never below it)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from lsprotocol import types
 
@@ -9,13 +12,25 @@ from linter.server.app import ACTION_KINDS, CONFIG_GLOB, AccelLintServer, is_con
 from linter.server.convert import contains
 
 
+def build() -> AccelLintServer:
+    """The server with its features registered."""
+    server = AccelLintServer()
+    register(server)
+    return server
+
+
+def start(root: Path | None = None) -> None:
+    server = build()
+    if root is not None:
+        server.linter.root = root
+    server.start_io()
+
+
 def register(server: AccelLintServer) -> None:
     @server.feature(types.INITIALIZED)
     async def initialized(ls: AccelLintServer, params: types.InitializedParams) -> None:
         root = ls.workspace.root_path
         if root:
-            from pathlib import Path
-
             ls.linter.root = Path(root)
         from linter.analysis import load
 
