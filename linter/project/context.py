@@ -119,6 +119,7 @@ class Project:
         self._by_digest: dict[str, ModuleSummary] = {}
         self._importers: dict[str, list[str]] | None = None
         self._bytes: list[tuple[str, bytes]] | None = None  # every project file, once read
+        self._by_path: dict[str, bytes] = {}
         self.notes: list[str] = []
         # path -> the other modules its last context consulted: (path, summary key)
         self.used: dict[str, list[tuple[str, str]]] = {}
@@ -186,7 +187,12 @@ class Project:
     def _sources(self) -> list[tuple[str, bytes]]:
         if self._bytes is None:
             self._bytes = list(self._read_all())
+            self._by_path = dict(self._bytes)
         return self._bytes
+
+    def source(self, path: str) -> bytes | None:
+        """A project file's bytes as the importer search read them."""
+        return self._by_path.get(path)
 
     def _read_all(self):
         count = 0
@@ -229,6 +235,7 @@ class Project:
         return True
 
 
+_CALLED = re.compile(r"(?<![\w.])([A-Za-z_][\w.]*)\s*\(")
 _IMPORTED = re.compile(rb"^[ \t]*(?:from|import)[ \t][^\n]*(?:\([^)]*\))?", re.M)
 
 
@@ -264,6 +271,7 @@ class _Builder:
         self.context = Context("", 0)
         self.seen: set[tuple[str, str]] = set()
         self.consulted: dict[str, str] = {}  # path -> summary key
+        self.entered: set[str] | None = None  # what the file's `with` statements call
         self.lines = 0
 
     def build(self) -> Context | None:
@@ -320,9 +328,13 @@ class _Builder:
             return
         last = name.rsplit(".", 1)[-1]
         followed = 0
+        names = [n.encode() for n in wanted]
         for other in self.project.importers(last):
             if other == self.path or followed >= MAX_CALLERS:
                 continue
+            data = self.project.source(other)
+            if data is not None and not any(n in data for n in names):
+                continue  # names none of the file's loop functions
             summary = self._summary(other)
             if summary is None:
                 continue
@@ -431,8 +443,10 @@ class _Builder:
         calls further out is not proven harmless by reading half of it)."""
         if depth != 1 or found.end_line - found.first_line >= SHORT:
             return False
-        entered = rf"\bwith\b[^\n:]*(?<![\w.]){re.escape(written)}\s*\("
-        return re.search(entered, self.text) is not None
+        if self.entered is None:
+            lines = re.findall(r"^[ \t]*(?:async[ \t]+)?with\b[^\n]*", self.text, re.M)
+            self.entered = {name for line in lines for name in _CALLED.findall(line)}
+        return written in self.entered
 
     def _third_party(self, summary: ModuleSummary, text: str) -> None:
         """The other module's imports of libraries that the copied text uses (`DDP`, `amp`),

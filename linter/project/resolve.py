@@ -13,11 +13,18 @@ class Modules:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.bases = [root] + ([root / "src"] if (root / "src").is_dir() else [])
+        self._resolved: dict[tuple[str, str | None], str | None] = {}
 
     def resolve(self, module: str, importer: str | None = None) -> str | None:
         """The file of `module` (a package's `__init__.py`), or None outside the project."""
         if not module:
             return None
+        key = (module, os.path.dirname(importer) if importer else None)
+        if key not in self._resolved:
+            self._resolved[key] = self._resolve(module, importer)
+        return self._resolved[key]
+
+    def _resolve(self, module: str, importer: str | None) -> str | None:
         parts = module.split(".")
         bases = list(self.bases)
         if importer is not None:

@@ -10,9 +10,11 @@ functions, so the two can never disagree. A summary only says which definitions 
 from __future__ import annotations
 
 import ast
+import bisect
 import hashlib
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 # A definition worth handing to the model: it backpropagates, steps, scales, clips, syncs,
 # wraps in DDP, reduces a loss, pads or ignores labels, or defines command-line defaults.
@@ -67,7 +69,7 @@ class ModuleSummary:
     def text_of(self, definition: Definition) -> list[str]:
         return list(self.lines[definition.first_line - 1 : definition.end_line])
 
-    @property
+    @cached_property
     def key(self) -> str:
         """What importers' findings depend on: the definitions and imports, not the rest."""
         parts = [repr(self.imports), self.error or ""]
@@ -91,6 +93,7 @@ def summarize(path: str, text: str, digest: str, package: str) -> ModuleSummary:
         return ModuleSummary(path, digest, (), (), lines, error=problem)
     imports: list[Import] = []
     definitions: list[Definition] = []
+    relevant_lines = _lines_of(text, _RELEVANT.finditer(text))
     bound: set[str] = set()
     for node in tree.body:
         bound.update(_bound_by(node))
@@ -107,7 +110,7 @@ def summarize(path: str, text: str, digest: str, package: str) -> ModuleSummary:
                 end = node.end_lineno or node.lineno
                 imports.append(Import(local, module, alias.name, node.lineno, end, node.level))
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            definitions.append(_definition(node, lines))
+            definitions.append(_definition(node, lines, relevant_lines))
     definitions = _through_helpers(definitions)
     return ModuleSummary(path, digest, tuple(imports), tuple(definitions), lines, frozenset(bound))
 
@@ -122,6 +125,16 @@ def _through_helpers(definitions: list[Definition]) -> list[Definition]:
         d if d.relevant or not (d.calls & relevant) else replace(d, relevant=True)
         for d in definitions
     ]
+
+
+def _lines_of(text: str, matches) -> list[int]:
+    """The line of each match, counting newlines once over the text."""
+    found, line, position = [], 1, 0
+    for match in matches:
+        line += text.count("\n", position, match.start())
+        position = match.start()
+        found.append(line)
+    return found
 
 
 def _bound_by(node: ast.stmt) -> set[str]:
@@ -139,33 +152,22 @@ def _bound_by(node: ast.stmt) -> set[str]:
     return found
 
 
-def _definition(node, lines: tuple[str, ...]) -> Definition:
+def _definition(node, lines: tuple[str, ...], relevant_lines: list[int]) -> Definition:
+    """Read from the text, not by walking the tree (a walk of every definition of every
+    imported module was most of the project's cost): what it calls, whether it loops."""
     first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
     end = node.end_lineno or node.lineno
-    calls, has_loop = set(), False
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Call):
-            text = _dotted(sub.func)
-            if text is not None:
-                calls.add(text)
-        elif isinstance(sub, (ast.For, ast.While, ast.AsyncFor)):
-            has_loop = True
+    body = "\n".join(lines[first - 1 : end])
+    calls = frozenset(_CALL.findall(body))
+    has_loop = _LOOP.search(body) is not None
     kind = "class" if isinstance(node, ast.ClassDef) else "function"
-    relevant = bool(_RELEVANT.search("\n".join(lines[first - 1 : end])))
-    return Definition(
-        node.name, kind, first, node.lineno, end, frozenset(calls), relevant, has_loop
-    )
+    at = bisect.bisect_left(relevant_lines, first)
+    relevant = at < len(relevant_lines) and relevant_lines[at] <= end
+    return Definition(node.name, kind, first, node.lineno, end, calls, relevant, has_loop)
 
 
-def _dotted(node: ast.expr) -> str | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    parts.append(node.id)
-    return ".".join(reversed(parts))
+_CALL = re.compile(r"(?<![\w.])([A-Za-z_][\w.]*)\s*\(")
+_LOOP = re.compile(r"^[ \t]*(?:async[ \t]+)?(?:for|while)\b", re.M)
 
 
 def _absolute(module: str | None, level: int, package: str) -> str:
