@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from linter.context import make_fix
+from linter.context import RuleContext, make_fix
 from linter.model.accumulation import divides_like_engine
 from linter.model.config_space import k_configuration
 from linter.model.cst_util import code, dotted, int_value, strip_parens
@@ -12,7 +12,7 @@ from linter.model.loops import same_path
 from linter.types import Edit, Position
 
 
-def check(ctx) -> None:
+def check(ctx: RuleContext) -> None:
     """Report raw backward calls in loops owned by an engine or an enabled GradScaler."""
     model = ctx.model
     has_engine = model.setup.constructs_engine()

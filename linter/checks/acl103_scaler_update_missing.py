@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from linter.checks._scaler_edits import delete, insert_after
-from linter.context import make_fix
+from linter.context import RuleContext, make_fix
 from linter.model import scaler_protocol as protocol
 from linter.model import scaler_updates
 
 
-def check(ctx) -> None:
+def check(ctx: RuleContext) -> None:
     """Report, once per path, scaler steps that no update follows in every stepping iteration."""
     model = ctx.model
     for body in protocol.bodies(model):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from linter.checks._scaler_edits import insert_before
-from linter.context import make_fix
+from linter.context import RuleContext, make_fix
 from linter.model import scaler_clipping as clipping
 from linter.model.cst_util import code, last_part
 
@@ -13,7 +13,7 @@ from linter.model.cst_util import code, last_part
 _ENGINE_CLIP_ARGS = {"parameters", "max_norm", "norm_type"}
 
 
-def check(ctx) -> None:
+def check(ctx: RuleContext) -> None:
     """Report torch clips of scaled gradients: after `scaler.scale(...).backward()` with no
     `unscale_` between, or under an engine whose precision may be fp16 (or with FSDP)."""
     model = ctx.model

@@ -3,12 +3,12 @@ scheduler that never went through `prepare` stepped inside `accumulate()` with K
 
 from __future__ import annotations
 
-from linter.context import make_fix
+from linter.context import RuleContext, make_fix
 from linter.model import prepared_objects
 from linter.model.cst_util import code
 
 
-def check(ctx) -> None:
+def check(ctx: RuleContext) -> None:
     model = ctx.model
     for use in prepared_objects.original_uses(model):
         _report_original(ctx, use)

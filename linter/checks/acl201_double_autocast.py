@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from linter.context import make_fix
+from linter.context import RuleContext, make_fix
 from linter.model.cst_util import is_false, keyword
 
 
-def check(ctx) -> None:
+def check(ctx: RuleContext) -> None:
     """Report user autocast regions nested in another one or around a low-precision prepared
     model."""
     model = ctx.model

@@ -16,7 +16,7 @@ import tokenize
 
 import libcst as cst
 
-from linter.context import make_fix
+from linter.context import RuleContext, make_fix
 from linter.model.amp_api import TORCH_AMP_NAMES, Binding, Use, amp_api
 from linter.model.cst_util import dotted
 from linter.types import Edit, Position
@@ -31,7 +31,7 @@ class _Declined(Exception):
     """A use the fix cannot rewrite; the message says why."""
 
 
-def check(ctx) -> None:
+def check(ctx: RuleContext) -> None:
     """Report deprecated AMP references outside compatibility fallbacks."""
     api = amp_api(ctx.model, ctx.source)
     for use in api.chains:

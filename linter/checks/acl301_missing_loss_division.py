@@ -6,7 +6,7 @@ import re
 
 import libcst as cst
 
-from linter.context import make_fix
+from linter.context import RuleContext, make_fix
 from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code, dotted, int_value, strip_parens, walk
 from linter.model.evaluation import names_a_model
@@ -14,7 +14,7 @@ from linter.model.loops import same_path
 from linter.model.window_sums import decay_rescaled_by_window
 
 
-def check(ctx) -> None:
+def check(ctx: RuleContext) -> None:
     """Report undivided losses in manual accumulation loops (step gated every K micro-steps)."""
     model = ctx.model
     for loop in model.loops:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import libcst as cst
 
 from linter.checks import _moves as moves
-from linter.context import make_fix
+from linter.context import RuleContext, make_fix
 from linter.model import windows
 from linter.model.config_space import gate_configuration, k_configuration
 from linter.model.cst_util import code, dotted, walk
 
 
-def check(ctx) -> None:
+def check(ctx: RuleContext) -> None:
     """Report clip/unscale calls that run on micro-steps where the optimizer does not step."""
     model = ctx.model
     for loop in model.loops:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from linter.checks import _moves
-from linter.context import make_fix
+from linter.context import RuleContext, make_fix
 from linter.model import windows
 from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code
 from linter.model.loops import same_path
 
 
-def check(ctx) -> None:
+def check(ctx: RuleContext) -> None:
     """Report zero_grad on every micro-step of a manual window, or before the backward inside
     `accumulate()`."""
     for loop in ctx.model.loops:

@@ -4,13 +4,13 @@ as a hint, straight after a GradScaler step that may have been skipped (variant 
 from __future__ import annotations
 
 from linter.checks import _moves
-from linter.context import make_fix
+from linter.context import RuleContext, make_fix
 from linter.model import schedules, windows
 from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code
 
 
-def check(ctx) -> None:
+def check(ctx: RuleContext) -> None:
     model = ctx.model
     for loop in model.loops:
         flagged = set()

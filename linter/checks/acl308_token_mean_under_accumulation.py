@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from linter.context import RuleContext
 from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code
 from linter.model.losses import accumulates, token_means
 
 
-def check(ctx) -> None:
+def check(ctx: RuleContext) -> None:
     """Report each token-level mean loss that reaches a backward inside an accumulation window
     (once per loss, however many backwards it feeds)."""
     model = ctx.model

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from linter.context import RuleContext
 from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code
 from linter.model.schedules import (
@@ -14,7 +15,7 @@ from linter.model.schedules import (
 )
 
 
-def check(ctx) -> None:
+def check(ctx: RuleContext) -> None:
     """Report each schedule whose length counts the wrong thing (one finding, both reasons)."""
     model = ctx.model
     for schedule in schedules(model):

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from linter.context import make_fix
+from linter.context import RuleContext, make_fix
 from linter.model import windows
 from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code
 
 
-def check(ctx) -> None:
+def check(ctx: RuleContext) -> None:
     for _, window in windows.window_gates(ctx.model):
         if window.error() in (-1, 1):
             _report(ctx, window)

@@ -6,7 +6,7 @@ import sys
 
 import libcst as cst
 
-from linter.context import make_fix
+from linter.context import RuleContext, make_fix
 from linter.model import distributed as dist
 from linter.model import fsdp2_models as fsdp2
 from linter.model.config_space import gate_configuration
@@ -14,7 +14,7 @@ from linter.model.cst_util import code, dotted, int_value, walk
 from linter.types import Edit, Position
 
 
-def check(ctx) -> None:
+def check(ctx: RuleContext) -> None:
     model = ctx.model
     if dist.syncs_each_batch(model):
         return  # an explicit choice to all-reduce on every micro-step

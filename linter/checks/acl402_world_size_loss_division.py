@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from linter.context import make_fix
+from linter.context import RuleContext, make_fix
 from linter.model import distributed as dist
 from linter.model.cst_util import code, walk
 from linter.types import Edit, Position
@@ -12,7 +12,7 @@ from linter.types import Edit, Position
 _ATOMS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float)
 
 
-def check(ctx) -> None:
+def check(ctx: RuleContext) -> None:
     model = ctx.model
     if dist.has_comm_hook(model):
         return  # a registered hook decides how gradients combine (a summing one needs 1/W)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from linter.context import make_fix
+from linter.context import RuleContext, make_fix
 from linter.model.gathers import metric_gathers, ungathered_metrics
 
 
-def check(ctx) -> None:
+def check(ctx: RuleContext) -> None:
     """Report metric-bound gathers (fixed to `gather_for_metrics`) and un-gathered metrics."""
     for found in metric_gathers(ctx.model):
         attr = found.call.func.attr

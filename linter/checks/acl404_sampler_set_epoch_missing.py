@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import libcst as cst
 
+from linter.context import RuleContext
 from linter.model import distributed as dist
 from linter.model.cst_util import code
 
 
-def check(ctx) -> None:
+def check(ctx: RuleContext) -> None:
     model = ctx.model
     samplers = dist.shuffling_samplers(model)
     known = {s.name for s in samplers if s.name} | {n for s in samplers for n in s.loaders}

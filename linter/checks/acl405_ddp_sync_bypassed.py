@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from linter.context import make_fix
+from linter.context import RuleContext, make_fix
 from linter.model import distributed as dist
 from linter.model.cst_util import code
 
 
-def check(ctx) -> None:
+def check(ctx: RuleContext) -> None:
     model = ctx.model
     for loop in model.loops:
         _forward_through_module(ctx, loop)

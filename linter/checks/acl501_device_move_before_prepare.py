@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-from linter.context import make_fix
+from linter.context import RuleContext, make_fix
 from linter.model.cst_util import code
 from linter.model.setup_facts import early_device_moves, moves_freely, unprepared_model_moves
 from linter.types import Edit, Position
 
 
-def check(ctx) -> None:
+def check(ctx: RuleContext) -> None:
     """Report moves of prepared models (fixed when nothing before `prepare` needs the device)
     and of helpers never prepared (no fix); a helper moved to a bare "cuda" after the engine
     exists is on the rank's own GPU, at most a style hint."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from linter.context import RuleContext
 from linter.model.eval_modes import (
     eval_mode_leaks,
     imports_lightning,
@@ -11,7 +12,7 @@ from linter.model.eval_modes import (
 from linter.model.evaluation import eval_contexts, grad_free
 
 
-def check(ctx) -> None:
+def check(ctx: RuleContext) -> None:
     """One finding per evaluation: the first model call that builds a graph (or runs in train
     mode), with a mode leak of the same function folded into its message. Gradients alone are a
     warning (memory and time wasted, the results are right); a wrong mode is an error."""

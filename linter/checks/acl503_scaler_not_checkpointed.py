@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from linter.context import RuleContext
 from linter.model.checkpoints import checkpoints, enabled_scalers, is_scaler_text
 
 
-def check(ctx) -> None:
+def check(ctx: RuleContext) -> None:
     """Report `torch.save` of a training state without the scaler, where a scaler is enabled."""
     model = ctx.model
     scalers = enabled_scalers(model)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from linter.context import RuleContext
 from linter.model.cst_util import code
 from linter.model.logged_losses import DIVIDED, SCALED, logged_losses
 
 
-def check(ctx) -> None:
+def check(ctx: RuleContext) -> None:
     """Report each logging statement once, at its logger call (else its `.item()`)."""
     for logged in logged_losses(ctx.model):
         hint = logged.kind not in (DIVIDED, SCALED)

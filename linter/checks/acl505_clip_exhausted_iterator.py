@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import libcst as cst
 
-from linter.context import make_fix
+from linter.context import RuleContext, make_fix
 from linter.model.cst_util import code
 from linter.model.setup_facts import exhausted_clips
 from linter.types import Edit, Position
 
 
-def check(ctx) -> None:
+def check(ctx: RuleContext) -> None:
     """Report clips whose one-shot parameter iterable is empty by the time they run."""
     for found in exhausted_clips(ctx.model):
         name = code(found.argument)

@@ -14,3 +14,15 @@ def test_static_flag_matches_a_check(code):
     assert ALL_RULES[code].static == has_check, (
         f"{code}: static={ALL_RULES[code].static}, check found: {has_check}"
     )
+
+
+@pytest.mark.parametrize("code", sorted(c for c in ALL_RULES if ALL_RULES[c].static))
+def test_every_check_states_what_it_receives(code):
+    """`check(ctx: RuleContext)`: a contributor reads the rule API off the signature."""
+    import inspect
+
+    from linter.context import RuleContext
+
+    check = check_for(module_name(code))
+    hints = inspect.get_annotations(check, eval_str=True)
+    assert hints == {"ctx": RuleContext, "return": None}
