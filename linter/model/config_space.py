@@ -99,6 +99,9 @@ class ConfigSpace:
     _fields: dict[str, dict[str, Knob]] = field(default_factory=dict)  # class -> field -> knob
     _globals: dict[str, Knob] = field(default_factory=dict)  # module names
     _keyed: dict[str, dict[str, Knob]] = field(default_factory=dict)  # dict/ns/file var -> key
+    # dict/namespace items the code computes (`{"epoch": epoch}`): no knob of their own, but
+    # read through to a knob they hold (`{"accum": args.accum}`)
+    _computed: dict[str, dict[str, tuple]] = field(default_factory=dict)
     _parsed: set[str] = field(default_factory=set)  # names bound to parse_args() results
     _instances: dict[str, str] = field(default_factory=dict)  # name -> dataclass it holds
     _model: object = None
@@ -283,8 +286,8 @@ class ConfigSpace:
         if text is None:
             return None
         head = text
-        if head in self._keyed and attr in self._keyed[head]:
-            return self._keyed[head][attr]
+        if self._has_key(head, attr):
+            return self._key(head, attr)
         parent, _, leaf = text.rpartition(".")  # cfg.train.k: a nested key of a loaded file
         if parent in self._keyed and f"{leaf}.{attr}" in self._keyed[parent]:
             return self._keyed[parent][f"{leaf}.{attr}"]
@@ -311,8 +314,8 @@ class ConfigSpace:
     def _keyed_knob(self, receiver, key: str, scope) -> Knob | None:
         text = dotted(receiver)
         if text is not None:
-            if text in self._keyed:
-                return self._keyed[text].get(key)
+            if self._has_key(text, key):
+                return self._key(text, key)
             if text.startswith("vars(") or text in self._parsed:
                 return self._argparse.get(key)
         if isinstance(receiver, cst.Call) and dotted(receiver.func) == "vars":
@@ -324,6 +327,15 @@ class ConfigSpace:
             if outer is not None and base in self._keyed:
                 return self._keyed[base].get(f"{outer}.{key}")
         return None
+
+    def _has_key(self, var: str, key: str) -> bool:
+        return key in self._keyed.get(var, {}) or key in self._computed.get(var, {})
+
+    def _key(self, var: str, key: str) -> Knob | None:
+        if key in self._keyed.get(var, {}):
+            return self._keyed[var][key]
+        expr, scope = self._computed[var][key]
+        return self._knob(expr, scope, 1)
 
     def describe(self) -> dict:
         """`--show-loops`' view: every knob and every note."""
@@ -752,7 +764,7 @@ def _add_keyed(model, space: ConfigSpace, scope: Scope, name: str, d, path) -> N
     if isinstance(value, cst.Dict):
         keys = _dict_items(value)
         if keys:
-            _add_keys(space, name, keys, KnobSource.DICT, f'{name}["{{}}"]', line, path)
+            _add_keys(space, name, keys, KnobSource.DICT, f'{name}["{{}}"]', line, path, scope)
         return
     if not isinstance(value, cst.Call):
         return
@@ -766,7 +778,7 @@ def _add_keyed(model, space: ConfigSpace, scope: Scope, name: str, d, path) -> N
             if source is not None:
                 items = {**_dict_items(source), **items}
         if items:
-            _add_keys(space, name, items, KnobSource.NAMESPACE, f"{name}.{{}}", line, path)
+            _add_keys(space, name, items, KnobSource.NAMESPACE, f"{name}.{{}}", line, path, scope)
         return
     loaded = _loaded_file(model, space, scope, value, d)
     if loaded is None:
@@ -800,14 +812,16 @@ def _bound_dict(scope: Scope, node) -> cst.Dict | None:
     return None
 
 
-def _add_keys(space, name, items: dict, source, pattern: str, line, path) -> None:
+def _add_keys(space, name, items: dict, source, pattern: str, line, path, scope) -> None:
+    """A literal item is a knob; a computed one is read through to what it holds."""
     knobs = space._keyed.setdefault(name, {})
     for key, value in items.items():
         default = _literal(value)
-        known = default is not _UNKNOWN
+        if default is _UNKNOWN:
+            space._computed.setdefault(name, {})[key] = (value, scope)
+            continue
         spelling = pattern.format(key)
-        knob = Knob(key, spelling, default if known else None, None, source, line, path, known)
-        knobs[key] = _add(space, knob)
+        knobs[key] = _add(space, Knob(key, spelling, default, None, source, line, path))
 
 
 def _loaded_file(model, space, scope: Scope, call: cst.Call, d):

@@ -374,3 +374,21 @@ def test_k_configuration_is_none_for_a_literal_or_an_unknown_k():
     main = [s for s in model.scopes if s.name == "main"][0]
     assert k_configuration(model, libcst.parse_expression("4"), main) is None
     assert k_configuration(model, libcst.parse_expression("trainer.accum"), main) is None
+
+
+def test_a_dict_item_the_code_computes_is_no_knob_but_reads_through():
+    model = build(
+        """
+        import argparse
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--accum", type=int, default=2)
+        args = parser.parse_args()
+
+        def main():
+            hparams = {"accum": args.accum, "lr": 1e-3}
+            checkpoint = {"epoch": epoch, "model": model.state_dict()}
+        """
+    )
+    assert [k.spelling for k in config_space(model).knobs] == ["--accum", 'hparams["lr"]']
+    assert knob(model, 'hparams["accum"]').spelling == "--accum"
+    assert knob(model, 'checkpoint["epoch"]') is None
