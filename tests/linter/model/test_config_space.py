@@ -392,3 +392,15 @@ def test_a_dict_item_the_code_computes_is_no_knob_but_reads_through():
     assert [k.spelling for k in config_space(model).knobs] == ["--accum", 'hparams["lr"]']
     assert knob(model, 'hparams["accum"]').spelling == "--accum"
     assert knob(model, 'checkpoint["epoch"]') is None
+
+
+def test_without_pyyaml_a_yaml_file_is_a_note(tmp_path, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "yaml", None)  # `import yaml` fails
+    model = _project(
+        tmp_path,
+        "train.yaml",
+        "grad_accum: 4\n",
+        'import yaml\ncfg = yaml.safe_load(open("configs/train.yaml"))\n',
+    )
+    assert config_space(model).knobs == []
+    assert config_space(model).notes == ["configs/train.yaml: not read (PyYAML is not installed)"]
