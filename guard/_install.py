@@ -114,6 +114,26 @@ def install() -> bool:
         return True
 
 
+def _start_recording() -> None:
+    """A report asked for after the install: start its recorder now (once per install)."""
+    tracker = sys.modules.get("guard._tracker")
+    if not _report._state.settings.report_path or tracker is None or not tracker.TRACKER.active:
+        return  # the install will start it
+    from guard.run_report import recorder
+
+    if not recorder.installed_on(tracker.TRACKER):
+        recorder.install(tracker.TRACKER)
+
+
+def _write_report(path: str) -> None:
+    from guard import run_report
+
+    run_report.write(path)
+
+
+_report.set_run_report(_start_recording, _write_report)  # the run report sits above _report
+
+
 def _patch_accelerate(_module: ModuleType) -> None:
     from guard import _accelerate, _tracker
 

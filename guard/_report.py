@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -231,15 +231,21 @@ def configure(
     s.options.update(options)
 
 
+# The run report reads this module's findings and settings, so this module reaches it through
+# hooks that guard._install sets when it is imported (with the package): the recorder's start
+# when a report is asked for after the install, and the writer at exit.
+_run_report: dict[str, Callable[..., None]] = {}
+
+
+def set_run_report(start: Callable[[], None], write: Callable[[str], None]) -> None:
+    _run_report.update(start=start, write=write)
+
+
 def _start_recording() -> None:
     """A report asked for after the install: start its recorder now (once per install)."""
-    tracker = sys.modules.get("guard._tracker")
-    if not _state.settings.report_path or tracker is None or not tracker.TRACKER.active:
-        return  # the install will start it
-    from guard.run_report import recorder
-
-    if not recorder.installed_on(tracker.TRACKER):
-        recorder.install(tracker.TRACKER)
+    start = _run_report.get("start")
+    if start is not None:
+        start()
 
 
 def option(name: str, default: float) -> float:
@@ -397,9 +403,7 @@ def finding_rows() -> list[dict]:
 
 def write_report(path: str) -> None:
     """Write this process's part of the run report at `path` (see `guard.run_report`)."""
-    from guard import run_report
-
-    run_report.write(path)
+    _run_report["write"](path)
 
 
 _before_exit: list = []
