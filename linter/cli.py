@@ -215,7 +215,11 @@ def _lint_files(paths, resolver, mode, printer, no_cache):
     for note in found.notes:
         printer.say(f"note: {note}")
     cache = None
-    if not no_cache:
+    if no_cache:  # nor the compiled dataclass code kept in the user's cache directory
+        from linter.analysis import store_no_code
+
+        store_no_code()
+    else:
         from linter.cache import Cache, default_directory
 
         cache = Cache(default_directory(resolver.project.root))

@@ -64,12 +64,24 @@ def test_an_unwritable_cache_directory_is_no_error(tmp_path, monkeypatch):
     code.save()
 
 
-def test_lint_results_are_the_same_with_a_warm_cache(tmp_path):
+def _lint_twice(tmp_path, *options):
     root = Path(__file__).resolve().parents[2]
-    command = [sys.executable, "-m", "linter.cli", "--no-cache", "fixtures/tour/train.py"]
-    env = {"XDG_CACHE_HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    runs = [
-        subprocess.run(command, cwd=root, env=env, capture_output=True, text=True) for _ in "12"
-    ]
-    assert list(tmp_path.glob("accel-lint/dataclass-code-*.marshal"))
+    command = [sys.executable, "-m", "linter.cli", *options, "fixtures/tour/train.py"]
+    env = {"XDG_CACHE_HOME": str(tmp_path / "user"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    runs = []
+    for run in "12":  # a results cache of its own each time: both runs analyse the file
+        env["ACCEL_LINT_CACHE_DIR"] = str(tmp_path / f"results{run}")
+        runs.append(subprocess.run(command, cwd=root, env=env, capture_output=True, text=True))
+    return runs
+
+
+def test_lint_results_are_the_same_with_a_warm_cache(tmp_path):
+    runs = _lint_twice(tmp_path)
+    assert list(tmp_path.glob("user/accel-lint/dataclass-code-*.marshal"))
+    assert runs[0].stdout == runs[1].stdout and runs[0].returncode == runs[1].returncode == 1
+
+
+def test_no_cache_writes_no_compiled_code(tmp_path):
+    runs = _lint_twice(tmp_path, "--no-cache")
+    assert not (tmp_path / "user").exists() and not list(tmp_path.glob("results*"))
     assert runs[0].stdout == runs[1].stdout and runs[0].returncode == runs[1].returncode == 1
