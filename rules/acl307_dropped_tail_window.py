@@ -22,8 +22,11 @@ is_last`, `or accelerator.sync_gradients`). Left alone: counters set once before
 (`global_step % K`), `while` loops and `enumerate(cycle(dl))` / `enumerate(iter(dl))`, where windows
 may span epochs on purpose; loaders without a length (a DataLoader over an `IterableDataset`, a
 streaming or `to_iterable_dataset()` dataset, a generator), on which `len()` raises; one pass over
-the loader ended by a step budget (`if iter_num > max_iters: break` and no epoch loop), which has no
-epoch tail; a K above 1 only under DeepSpeed (`K = cfg["gradient_accumulation_steps"] if
+the loader ended by a step budget that can come before the loader's end (`if iter_num > max_iters:
+break`, no epoch loop), which has no epoch tail. A budget the code sizes from the data (an epoch
+count, `len(...)`, a sample count over the batch size, as in `num_epochs * (epoch_size //
+micro_batch_size)`) does not end a single pass early, so that pass still loses its tail. Also left
+alone: a K above 1 only under DeepSpeed (`K = cfg["gradient_accumulation_steps"] if
 accelerator.state.deepspeed_plugin else 1`), whose engine steps itself; an optimizer step after the
 loop that flushes the tail; `accumulate()`.
 

@@ -22,14 +22,15 @@ def _drops_tail(model, window) -> bool:
     counter restarted for each pass over it) and has no last-batch clause. Left alone:
     counters kept across epochs (`global_step % K`) and loops over iterables without a
     length, where windows span epochs on purpose; one pass over the loader ended by a step
-    budget (no epoch, so no epoch tail); `accumulate()`, which flushes the tail of a prepared
-    loader; a step elsewhere that flushes the tail."""
+    budget that can come before its end (not one sized from epochs or a length);
+    `accumulate()`, which flushes the tail of a prepared loader; a step elsewhere that
+    flushes the tail."""
     base = window.base
     if base is None or not base.sized:
         return False
     if window.last_batch_clause or windows.tail_flushed_elsewhere(model, window):
         return False
-    if windows.single_pass(model, window) and windows.ends_on_a_budget(window):
+    if windows.single_pass(model, window) and windows.ends_on_a_budget(model, window):
         return False
     return not any(model.regions_around(s, "accumulate") for s in _gate_stmts(window))
 

@@ -13,7 +13,16 @@ from dataclasses import dataclass
 import libcst as cst
 
 from linter.model import iterables
-from linter.model.cst_util import code, dotted, int_value, keyword, positional, strip_parens
+from linter.model.cst_util import (
+    code,
+    dotted,
+    int_value,
+    keyword,
+    last_part,
+    positional,
+    strip_parens,
+    walk,
+)
 from linter.model.functions import Def, Scope, Stmt
 from linter.model.loops import Gate, Site, TrainingLoop, same_path
 
@@ -432,11 +441,75 @@ def single_pass(model, window: WindowGate) -> bool:
     return bool(stmts) and stmts[0].loops().index(window.loop) == 0
 
 
-def ends_on_a_budget(window: WindowGate) -> bool:
-    """The gate's loop has a `break` of its own (`if iter_num > max_iters: break`)."""
-    return any(
-        isinstance(s.node, cst.Break) and s.loops()[-1] is window.loop for s in _loop_stmts(window)
-    )
+def ends_on_a_budget(model, window: WindowGate) -> bool:
+    """The gate's loop has a `break` of its own on a budget that can come before the loader's
+    end (`if iter_num > max_iters: break` with `max_iters = 600000`, a step-based run). Not one:
+    a budget the code sizes from passes over the data (an epoch count, a length, a sample count
+    over the batch size: lit-llama's `num_epochs * (epoch_size // micro_batch_size)`), which a
+    single pass ends before (catalogue: "in the final epoch they are lost")."""
+    return any(not _sized_by_passes(model, b, window.scope) for b in _budgets(window))
+
+
+def _budgets(window: WindowGate) -> list[cst.BaseExpression]:
+    """The budget of each `if counter >= budget: break` of the gate's loop itself."""
+    found = []
+    for s in _loop_stmts(window):
+        if not isinstance(s.node, cst.Break) or s.loops()[-1] is not window.loop:
+            continue
+        for frame in s.frames_inside(window.loop):
+            if frame.kind in ("if", "exit") and frame.holds and frame.test is not None:
+                found.extend(_budget_sides(frame.test))
+    return found
+
+
+def _budget_sides(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """`budget` in `counter >= budget` (`>`, `==`) or `budget <= counter` (`<`)."""
+    test = strip_parens(test)
+    if isinstance(test, cst.BooleanOperation):
+        return _budget_sides(test.left) + _budget_sides(test.right)
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return []
+    target = test.comparisons[0]
+    left, right = strip_parens(test.left), strip_parens(target.comparator)
+    if isinstance(target.operator, (cst.GreaterThanEqual, cst.GreaterThan, cst.Equal)):
+        counter, budget = left, right
+    elif isinstance(target.operator, (cst.LessThanEqual, cst.LessThan)):
+        counter, budget = right, left
+    else:
+        return []
+    return [budget] if not isinstance(counter, cst.BaseNumber) else []
+
+
+def _sized_by_passes(model, budget: cst.BaseExpression, scope: Scope, depth: int = 0) -> bool:
+    """The budget reads, through its bindings, `len(...)`, an epoch count (`num_epochs`,
+    `epoch_size`) or a division by a batch size (`50000 * 3 // micro_batch_size` batches)."""
+    if depth > 4:
+        return False
+    for node in walk(budget):
+        if isinstance(node, cst.Call) and dotted(node.func) == "len":
+            return True
+        if isinstance(node, cst.BinaryOperation) and isinstance(
+            node.operator, (cst.FloorDivide, cst.Divide)
+        ):
+            if "batch_size" in last_part(dotted(strip_parens(node.right))).lower():
+                return True
+        text = dotted(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
+        if text is None:
+            continue
+        if "epoch" in last_part(text).lower():
+            return True
+        for d in _bindings(model, text, scope):
+            if d.value is not None and _sized_by_passes(model, d.value, d.stmt.scope, depth + 1):
+                return True
+    return False
+
+
+def _bindings(model, text: str, scope: Scope | None) -> list[Def]:
+    defs: list[Def] = []
+    while scope is not None and not defs:
+        defs = scope.defs.get(text, [])
+        scope = scope.parent
+    return defs or model.module_defs(text)
 
 
 def _loop_stmts(window: WindowGate) -> list[Stmt]:

@@ -511,6 +511,121 @@ def test_a_step_budget_inside_an_epoch_loop_still_drops_each_epoch_tail(acl307, 
     assert acl307.findings(source) == [("ACL307", *at(source, "(step + 1) %"))]
 
 
+# lit-llama's finetune/full.py: a budget of several epochs' worth over one pass of a sized loader.
+EPOCH_BUDGET = """
+import lightning as L
+from torch.utils.data import DataLoader
+
+devices = 4
+batch_size = 128 // devices
+micro_batch_size = 4
+gradient_accumulation_iters = batch_size // micro_batch_size
+epoch_size = 50000  # train dataset size
+num_epochs = 5
+max_iters = num_epochs * (epoch_size // micro_batch_size) // devices
+
+
+def train(fabric: L.Fabric, model, optimizer, train_data) -> None:
+    step_count = 0
+    loader = fabric.setup_dataloaders(DataLoader(train_data, batch_size=micro_batch_size))
+    for iter_num, (input_ids, targets) in enumerate(loader):
+        if iter_num >= max_iters:
+            break
+        is_accumulating = (iter_num + 1) % gradient_accumulation_iters != 0
+        with fabric.no_backward_sync(model, enabled=is_accumulating):
+            loss = loss_fn(model(input_ids), targets)
+            fabric.backward(loss / gradient_accumulation_iters)
+        if not is_accumulating:
+            optimizer.step()
+            optimizer.zero_grad()
+            step_count += 1
+"""
+
+
+def test_a_budget_sized_from_epochs_does_not_end_the_pass(acl307, at):
+    """`num_epochs * (epoch_size // micro_batch_size)` is more than one pass: the loader ends
+    first and its last `len % K` micro-batches are lost (issue 22's exemption was too wide)."""
+    source = EPOCH_BUDGET
+    assert acl307.findings(source) == [("ACL307", *at(source, "not is_accumulating"))]
+    assert "the only pass over the loader, so they are lost" in _message(acl307, source)
+    # lit-llama's lora.py: the same budget with the epochs written as literals
+    samples = source.replace(
+        "num_epochs * (epoch_size // micro_batch_size) // devices", "50000 * 3 // micro_batch_size"
+    )
+    assert acl307.findings(samples) == [("ACL307", *at(samples, "not is_accumulating"))]
+
+
+def test_a_budget_sized_from_the_loader_length_does_not_end_the_pass(acl307, at):
+    source = """
+    import math
+
+    def train(args, model, optimizer, train_dataloader):
+        updates_per_epoch = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)
+        args.max_train_steps = args.num_train_epochs * updates_per_epoch
+        completed_steps = 0
+        for step, batch in enumerate(train_dataloader):
+            loss = model(**batch).loss / args.gradient_accumulation_steps
+            loss.backward()
+            if (step + 1) % args.gradient_accumulation_steps == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+                completed_steps += 1
+            if completed_steps >= args.max_train_steps:
+                break
+    """
+    assert acl307.findings(source) == [("ACL307", *at(source, "(step + 1) %"))]
+    one_pass = """
+    def train(model, opt, train_loader, accum_steps):
+        max_steps = len(train_loader) // accum_steps
+        for i, (x, y) in enumerate(train_loader):
+            (model(x, y) / accum_steps).backward()
+            if (i + 1) % accum_steps == 0:
+                opt.step()
+                opt.zero_grad()
+            if i // accum_steps >= max_steps:
+                break
+    """
+    assert acl307.findings(one_pass) == [("ACL307", *at(one_pass, "(i + 1) %"))]
+
+
+def test_a_break_that_is_no_budget_does_not_end_the_pass(acl307, at):
+    source = """
+    def train(model, opt, train_loader, accum_steps):
+        for i, (x, y) in enumerate(train_loader):
+            loss = model(x, y) / accum_steps
+            if not loss.isfinite():
+                break
+            loss.backward()
+            if (i + 1) % accum_steps == 0:
+                opt.step()
+                opt.zero_grad()
+    """
+    assert acl307.findings(source) == [("ACL307", *at(source, "(i + 1) %"))]
+
+
+def test_a_plain_step_budget_over_one_pass(acl307):
+    """A budget the code does not size from the data (a step-based run, lit-llama's pretrain
+    `max_iters = 600000`) can come before the loader's end: no epoch tail to report."""
+    pretrain = EPOCH_BUDGET.replace(
+        "num_epochs * (epoch_size // micro_batch_size) // devices", "600000"
+    )
+    assert acl307.findings(pretrain) == []
+    knob = """
+    import time
+
+    def train(cfg, model, optimizer, train_loader):
+        start = time.time()
+        for it, batch in enumerate(train_loader):
+            (model(batch).loss / cfg.accum_steps).backward()
+            if (it + 1) % cfg.accum_steps == 0:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            if it + 1 >= cfg.max_steps or time.time() - start > cfg.time_limit:
+                break
+    """
+    assert acl307.findings(knob) == []
+
+
 DEEPSPEED = """
 from accelerate import Accelerator
 
