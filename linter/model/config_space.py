@@ -411,12 +411,14 @@ def _build(model) -> ConfigSpace:
     path = getattr(model, "path", None)
     top = model.scopes[0]
     hf = any(last_part(c.func) == "HfArgumentParser" for s in model.scopes for c in s.calls)
-    for cls in _dataclasses(model.module):
-        _add_fields(model, space, cls, path, hf)
+    classes = list(_dataclasses(model.module))
+    lines = _field_lines(model) if classes else {}
+    for cls in classes:
+        _add_fields(model, space, cls, path, hf, lines.get(cls.name.value, {}))
     for scope in model.scopes:
         for site in scope.calls:
             if site.method == "add_argument":
-                _add_argument(model, space, site.call, path)
+                _add_argument(model, space, site.call, path, site.stmt)
             elif site.method == "set_defaults":
                 _set_defaults(space, site.call)
     _find_parse_results(model, space)
@@ -433,13 +435,45 @@ def _build(model) -> ConfigSpace:
 def _literal(node) -> object:
     """The Python value of a literal expression (numbers, strings, booleans, None, simple
     arithmetic on numbers, lists/tuples of those), else _UNKNOWN."""
-    if node is None:
+    if node is None or not _literal_shape(node):
         return _UNKNOWN
     try:
         tree = ast.parse(code(strip_parens(node)).strip(), mode="eval").body
     except (SyntaxError, ValueError):
         return _UNKNOWN
     return _evaluate(tree)
+
+
+_LITERAL_NODES = (
+    cst.Integer,
+    cst.Float,
+    cst.SimpleString,
+    cst.ConcatenatedString,
+    cst.UnaryOperation,
+    cst.BinaryOperation,
+    cst.List,
+    cst.Tuple,
+    cst.Element,
+    cst.LeftParen,
+    cst.RightParen,
+    cst.LeftSquareBracket,
+    cst.RightSquareBracket,
+)
+
+
+_WHITESPACE = (cst.BaseParenthesizableWhitespace, cst.TrailingWhitespace, cst.EmptyLine)
+
+
+def _literal_shape(node: cst.CSTNode, depth: int = 0) -> bool:
+    """Whether an expression is made of literals only, checked before generating its text
+    (a module's big calls and comprehensions are never printed to be parsed again)."""
+    if depth > 8:
+        return False
+    if isinstance(node, cst.Name):
+        return node.value in ("True", "False", "None")
+    if not isinstance(node, _LITERAL_NODES):
+        return isinstance(node, (cst.BaseBinaryOp, cst.BaseUnaryOp, _WHITESPACE, cst.Comma))
+    return all(_literal_shape(child, depth + 1) for child in node.children)
 
 
 def _evaluate(tree: ast.AST) -> object:
@@ -532,7 +566,7 @@ def _add(space: ConfigSpace, knob: Knob) -> Knob:
 _TYPES = {"int": int, "float": float, "str": str}
 
 
-def _add_argument(model, space: ConfigSpace, call: cst.Call, path) -> None:
+def _add_argument(model, space: ConfigSpace, call: cst.Call, path, stmt) -> None:
     options = [string_value(a) for a in positional(call)]
     if not options or any(o is None for o in options):
         return
@@ -568,7 +602,7 @@ def _add_argument(model, space: ConfigSpace, call: cst.Call, path) -> None:
         default if known else None,
         choices,
         KnobSource.ARGPARSE,
-        model.line(call),
+        model.positions.statement_line(stmt.node),
         path,
         known,
         type_name,
@@ -672,7 +706,26 @@ def _dataclasses(module: cst.Module):
             yield statement
 
 
-def _add_fields(model, space: ConfigSpace, cls: cst.ClassDef, path, hf: bool) -> None:
+def _field_lines(model) -> dict[str, dict[str, int]]:
+    """Each module-level class's annotated fields and their lines, from Python's `ast`: the
+    model positions nodes of function bodies cheaply, a class body only by generating it."""
+    tree = getattr(model.positions, "_tree", None)
+    if tree is None and model.source is not None:
+        try:
+            tree = ast.parse(model.source)
+        except (SyntaxError, ValueError):
+            return {}
+    found: dict[str, dict[str, int]] = {}
+    for node in getattr(tree, "body", []):
+        if isinstance(node, ast.ClassDef):
+            fields = found.setdefault(node.name, {})
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    fields.setdefault(item.target.id, item.lineno)
+    return found
+
+
+def _add_fields(model, space: ConfigSpace, cls: cst.ClassDef, path, hf: bool, lines) -> None:
     fields = space._fields.setdefault(cls.name.value, {})
     body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else []
     for line in body:
@@ -696,7 +749,7 @@ def _add_fields(model, space: ConfigSpace, cls: cst.ClassDef, path, hf: bool) ->
                 default if known else None,
                 choices,
                 KnobSource.DATACLASS,
-                model.line(small),
+                lines.get(name) or model.line(small),
                 path,
                 known,
                 type_name,
@@ -744,8 +797,8 @@ def _add_global(model, space: ConfigSpace, name, defs, overridable: bool, path) 
     source = KnobSource.OVERRIDABLE_GLOBAL if overridable else KnobSource.CONSTANT
     spelling = f"--{name}" if overridable else name
     type_name = type(value).__name__ if value is not None else None
-    knob = Knob(name, spelling, value, None, source, model.line(first.stmt.node), path, True,
-                type_name)  # fmt: skip
+    line = model.positions.statement_line(first.stmt.node)
+    knob = Knob(name, spelling, value, None, source, line, path, True, type_name)
     space._globals[name] = _add(space, knob)
 
 
@@ -760,7 +813,7 @@ def _bound_elsewhere(model, name: str) -> bool:
 # dicts, namespaces and config files -----------------------------------------------------------
 def _add_keyed(model, space: ConfigSpace, scope: Scope, name: str, d, path) -> None:
     value = strip_parens(d.value) if d.value is not None else None
-    line = model.line(d.stmt.node)
+    line = lambda: model.positions.statement_line(d.stmt.node)  # noqa: E731 (only for a knob)
     if isinstance(value, cst.Dict):
         keys = _dict_items(value)
         if keys:
@@ -813,7 +866,8 @@ def _bound_dict(scope: Scope, node) -> cst.Dict | None:
 
 
 def _add_keys(space, name, items: dict, source, pattern: str, line, path, scope) -> None:
-    """A literal item is a knob; a computed one is read through to what it holds."""
+    """A literal item is a knob; a computed one is read through to what it holds. `line`
+    gives the line of the binding."""
     knobs = space._keyed.setdefault(name, {})
     for key, value in items.items():
         default = _literal(value)
@@ -821,7 +875,7 @@ def _add_keys(space, name, items: dict, source, pattern: str, line, path, scope)
             space._computed.setdefault(name, {})[key] = (value, scope)
             continue
         spelling = pattern.format(key)
-        knobs[key] = _add(space, Knob(key, spelling, default, None, source, line, path))
+        knobs[key] = _add(space, Knob(key, spelling, default, None, source, line(), path))
 
 
 def _loaded_file(model, space, scope: Scope, call: cst.Call, d):

@@ -44,6 +44,21 @@ class Positions:
     def line(self, node: cst.CSTNode) -> int:
         return self.range(node).start.line
 
+    def statement_line(self, node: cst.CSTNode) -> int:
+        """The line a statement starts on, read from the index without positioning anything
+        inside it (a long `add_argument(...)` call is not generated again); other nodes as
+        `line`."""
+        if self._whole is None:
+            try:
+                if self._starts is None:
+                    self._index()
+                found = self._starts.get(id(node))
+                if found is not None:
+                    return found[0]
+            except (_Mismatch, KeyError, SyntaxError, ValueError):
+                pass
+        return self.line(node)
+
     def range(self, node: cst.CSTNode) -> CodeRange:
         if self._whole is not None:
             return self._whole[node]
