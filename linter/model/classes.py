@@ -138,11 +138,15 @@ def context_summary(model: Model, name: str) -> ContextSummary | None:
         return None
     enters = []
     for body in bodies:
-        for call in body.calls:
-            kind = _context_kind(model, call.call, body)
+        calls = [(c.call, c.stmt.frames) for c in body.calls]
+        calls += [
+            (i.item, frames) for w, frames in body.withs for i in w.items
+        ]  # `with m.no_sync():`
+        for call, frames in calls:
+            kind = _context_kind(model, call, body) if isinstance(call, cst.Call) else None
             if kind is not None:
-                conditional = any(f.kind in ("if", "exit") for f in call.stmt.frames)
-                enters.append(Entered(kind, call.call, conditional))
+                conditional = any(f.kind in ("if", "exit") for f in frames)
+                enters.append(Entered(kind, call, conditional))
     return ContextSummary(name, tuple(enters))
 
 
@@ -252,8 +256,11 @@ def _called_sites(graph, sites, scope: Scope, via: Stmt | None, depth: int, seen
         callee = inlined_callee(graph, call)
         if callee is None or id(callee) in seen:
             continue
+        own = sites.get(id(callee), ())
+        if any(site.kind in ("backward", "engine_backward") for site in own):
+            continue  # a whole step of its own (YOLOX's `train_one_iter`), judged as such
         at = via if via is not None else call.stmt
-        for site in sites.get(id(callee), ()):
+        for site in own:
             if site.kind in STEP_KINDS_AT_CALL and site.stmt.via is None:
                 found.append(_seen_at(site, at))
         if depth + 1 < _MAX_DEPTH:

@@ -24,7 +24,14 @@ from linter.model.cst_util import method_call
 from linter.model.dataflow import Flow, trace_loss
 from linter.model.functions import CallSite, Def, Scope, ScopeCollector, Stmt
 from linter.model.gates import Gates, regions_around
-from linter.model.loops import Gate, Region, Site, TrainingLoop, find_training_loops
+from linter.model.loops import (
+    STEP_KINDS,
+    Gate,
+    Region,
+    Site,
+    TrainingLoop,
+    find_training_loops,
+)
 from linter.model.names import Imports
 from linter.model.positions import Positions
 from linter.model.prepared import PreparedObjects
@@ -74,7 +81,7 @@ class Model:
         for scope in self.scopes:
             sites = self.sites[id(scope)]
             per_batch = self.graph.called_in_loop(scope)
-            delegates = per_batch and self._calls_a_backward(scope)
+            delegates = per_batch and self._leaves_the_backward(scope)
             self.loops.extend(find_training_loops(scope, sites, per_batch, self.classes, delegates))
             self.regions.extend(finder.regions(scope))
         self.gates = Gates(self.graph, self.sites, self.regions, self.roles, self.classes)
@@ -82,12 +89,14 @@ class Model:
             self.gates.assign(loop)
         self._calls_by_with: dict[int, list[CallSite]] | None = None
 
-    def _calls_a_backward(self, scope: Scope) -> bool:
-        """Whether a function of the module that `scope` calls runs a backward."""
+    def _leaves_the_backward(self, scope: Scope) -> bool:
+        """Whether `scope` calls a function of the module that runs a backward and leaves the
+        step to its caller (a trainer's `self.backward(loss)`)."""
         for call in scope.calls:
             callee = self.graph.local_function(call.call.func, scope)
             if callee is not None and callee is not scope:
-                if any(s.kind in ("backward", "engine_backward") for s in self.sites[id(callee)]):
+                kinds = {s.kind for s in self.sites[id(callee)]}
+                if kinds & {"backward", "engine_backward"} and not kinds & set(STEP_KINDS):
                     return True
         return False
 

@@ -4,6 +4,8 @@ exact place; each correct version asserts `== []`."""
 
 from __future__ import annotations
 
+import pytest
+
 TRAINER = """
 import torch
 from torch.amp import GradScaler, autocast
@@ -328,3 +330,42 @@ def test_backward_inside_a_context_manager_class_that_enters_autocast(acl202, at
         "            scaler.scale(loss).backward()\n",
     )
     assert acl202.findings(source) == [("ACL202", *at(source, "scaler.scale(loss).backward()"))]
+
+
+@pytest.mark.xfail(
+    strict=True, reason="issue 23: the forward in train_step, the backward in a method"
+)
+def test_ddp_trainer_split_into_methods_syncs_every_micro_step(acl401, at):
+    """Not yet: ACL401 looks for the DDP forward in the loop that holds the backward, which
+    is the `backward` method here, while the forward runs in `train_step`."""
+    source = """
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    class Trainer:
+        def __init__(self, model, cfg, local_rank):
+            self.model = DDP(model.cuda(local_rank), device_ids=[local_rank])
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr)
+            self.accum_steps = cfg.grad_accum_steps
+            self.micro_step = 0
+
+        def backward(self, loss):
+            (loss / self.accum_steps).backward()
+
+        def optimizer_step(self):
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+
+        def train_step(self, x, y):
+            loss = torch.nn.functional.cross_entropy(self.model(x), y)
+            self.backward(loss)
+            self.micro_step += 1
+            if self.micro_step % self.accum_steps == 0:
+                self.optimizer_step()
+
+        def fit(self, loader):
+            for x, y in loader:
+                self.train_step(x, y)
+    """
+    assert acl401.findings(source) == [("ACL401", *at(source, "self.model(x)"))]
