@@ -29,6 +29,7 @@ from linter.model.cst_util import (
 )
 from linter.model.functions import CallSite, Frame, Scope, Stmt
 from linter.model.loops import Region
+from linter.model.setup import is_prepare
 
 # The Conventions' accumulation names, on the last part of an expression (`args.grad_accum`,
 # `cfg["accum_iter"]`). A loss accumulator (`loss_accum`) or a micro-step counter is not K.
@@ -369,7 +370,7 @@ def _call_loader_state(model, call: cst.Call, scope: Scope, order: int, depth: i
     qual = model.imports.qualify(call.func) or ""
     name = last_part(qual)
     args = positional(call)
-    if name in ("prepare", "prepare_data_loader"):
+    if is_prepare(name, "data_loader"):
         return "prepared"
     if name == "skip_first_batches" and args:
         return loader_state(model, args[0], scope, order, depth + 1)

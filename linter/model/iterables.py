@@ -24,6 +24,7 @@ from linter.model.cst_util import (
     walk,
 )
 from linter.model.functions import Scope
+from linter.model.setup import is_prepare
 
 if TYPE_CHECKING:
     from linter.model import Model
@@ -96,7 +97,7 @@ class _Lengthless:
                 return True
             if method in _KEEPS_KIND:
                 return self.of(receiver, scope, order, depth + 1)
-            if method in ("prepare", "prepare_data_loader") and len(args) == 1:
+            if is_prepare(method, "data_loader") and len(args) == 1:
                 return self.of(args[0], scope, order, depth + 1)
         if qual.split(".", 1)[0] == "webdataset":  # `wds.WebDataset(urls)`, `wds.WebLoader`
             return True

@@ -31,6 +31,7 @@ from linter.model.cst_util import (
     walk,
 )
 from linter.model.functions import Scope, Stmt
+from linter.model.setup import is_prepare
 
 if TYPE_CHECKING:
     from linter.model import Gate, Model, Site
@@ -379,7 +380,7 @@ class _TokenMeans:
         if _TOKEN_LEVEL_MODEL.search(last_part(qual)):
             return last_part(qual)
         args = positional(call)
-        if pair is not None and pair[1] == "prepare" and len(args) == 1:
+        if pair is not None and is_prepare(pair[1]) and len(args) == 1:
             return self._model_class(args[0], scope, order, depth + 1)
         wraps = pair is None or (pair[1] in _LOADERS and dotted(args[0] if args else None))
         if wraps and args:  # `DDP(model)`, `get_peft_model(m)`, `PeftModel.from_pretrained(m)`

@@ -21,10 +21,9 @@ from linter.model import accumulation, schedules, windows
 from linter.model.cst_util import code, dotted, positional, strip_parens
 from linter.model.functions import CallSite, Def, Scope, Stmt
 from linter.model.loops import Site
-from linter.model.setup import Prepared, is_prepare_call
+from linter.model.setup import PREPARE_ONE, Prepared, is_prepare
 
 _METHODS = ("step", "zero_grad")
-_SINGLE_PREPARES = {"prepare_scheduler", "prepare_optimizer", "prepare_data_loader"}
 
 
 @dataclass(eq=False)
@@ -249,7 +248,7 @@ def _passed_to_prepare(model) -> set[str]:
     one-object forms included (`accelerator.prepare_scheduler(sched)`)."""
     texts = set()
     for call in model.calls:
-        prepares = is_prepare_call(call.call) or call.method in _SINGLE_PREPARES
+        prepares = is_prepare(call.method, *PREPARE_ONE)
         if prepares and model.engine_for(call.receiver, call.stmt.scope):
             texts.update(code(arg.value) for arg in call.call.args)
     return texts

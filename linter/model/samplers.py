@@ -20,6 +20,7 @@ from linter.model.cst_util import (
 )
 from linter.model.functions import CallSite, Scope, Stmt
 from linter.model.loops import BACKWARD_KINDS, STEP_KINDS
+from linter.model.setup import is_prepare
 
 if TYPE_CHECKING:
     from linter.model import Model, TrainingLoop
@@ -119,7 +120,7 @@ def _builds_loader(c: CallSite, frontier: list, holders: set[str]) -> bool:
 def prepared_by_engine(model: Model, text: str) -> bool:
     """A loader handed to `accelerator.prepare(...)` (Accelerate sets the epoch itself)."""
     for c in model.calls:
-        if c.method in ("prepare", "prepare_data_loader"):
+        if is_prepare(c.method, "data_loader"):
             if any(dotted(a.value) == text for a in c.call.args):
                 return True
     return text in model.setup.prepared

@@ -32,6 +32,7 @@ from linter.model.cst_util import (
     strip_parens,
 )
 from linter.model.functions import Scope, Stmt
+from linter.model.setup import is_prepare
 
 if TYPE_CHECKING:
     from linter.model import Model, Site, TrainingLoop
@@ -189,7 +190,7 @@ def _length_argument(model: Model, call: cst.Call) -> tuple[str, cst.BaseExpress
 def _later_prepare(model: Model, name: str, built: Stmt) -> cst.Call | None:
     """The `accelerator.prepare(..., sched)` after the construction that wraps the scheduler."""
     for call in model.calls:
-        if call.method not in ("prepare", "prepare_scheduler") or call.stmt.order <= built.order:
+        if not is_prepare(call.method, "scheduler") or call.stmt.order <= built.order:
             continue
         if model.engine_for(call.receiver, call.stmt.scope) is None:
             continue

@@ -192,10 +192,27 @@ class SetupCollector:
                     table.setdefault(d.target, table[original])
 
 
-def is_prepare_call(value: cst.CSTNode) -> bool:
-    """`accelerator.prepare(...)` / `prepare_model(...)`: the one definition of a prepare call."""
+# Accelerate's one-object forms, by the kind of object they prepare; `prepare(...)` takes any.
+PREPARE_ONE = {
+    "model": "prepare_model",
+    "data_loader": "prepare_data_loader",
+    "optimizer": "prepare_optimizer",
+    "scheduler": "prepare_scheduler",
+}
+
+
+def is_prepare(method: str | None, *kinds: str) -> bool:
+    """Whether calling `method` prepares objects: the one definition of a prepare call.
+
+    `prepare(...)` always does; the one-object form of a kind (`prepare_data_loader` for
+    "data_loader") only where the caller asks for that kind."""
+    return method == "prepare" or any(method == PREPARE_ONE[kind] for kind in kinds)
+
+
+def is_prepare_call(value: cst.CSTNode, kinds: tuple[str, ...] = ("model",)) -> bool:
+    """`accelerator.prepare(...)`, or `accelerator.prepare_model(...)` for the default kind."""
     pair = method_call(value)
-    return pair is not None and pair[1] in ("prepare", "prepare_model")
+    return pair is not None and is_prepare(pair[1], *kinds)
 
 
 def _is_true(node: cst.CSTNode | None) -> bool:
