@@ -28,7 +28,8 @@ from linter.project.summary import Definition, ModuleSummary, summarize
 MAX_MODULE_BYTES = 1_000_000  # a bigger module is not read (generated code, data)
 MAX_PROJECT_FILES = 20_000  # files the importer index reads at most
 MAX_CALLERS = 4  # modules whose calls of the file's functions are followed
-MAX_CONTEXT_LINES = 4_000  # lines appended at most
+MAX_CONTEXT_LINES = 1_500  # lines appended at most
+MAX_DEFINITION_LINES = 400  # a longer definition (a whole pipeline class) stays opaque
 MAX_DEPTH = 2  # a definition's own helpers are followed once
 HEADER = "# ---- accel-lint: project context (other modules; never reported) ----"
 _SKIP_DIRS = {
@@ -323,7 +324,11 @@ class _Builder:
     # who calls the file's functions -------------------------------------------------------
     def _callers(self) -> None:
         name = self.modules.name_of(self.path)
-        wanted = {d.name for d in self.own.definitions if d.kind == "function" and d.has_loop}
+        wanted = {
+            d.name
+            for d in self.own.definitions
+            if d.kind == "function" and d.has_loop and d.relevant  # a training loop, maybe
+        }
         if not name or not wanted:
             return
         last = name.rsplit(".", 1)[-1]
@@ -405,6 +410,9 @@ class _Builder:
         if name in self.taken:
             return False
         lines = summary.text_of(found) if lines is None else lines
+        if len(lines) > MAX_DEFINITION_LINES:
+            self.context.notes.append(f"{why}: over {MAX_DEFINITION_LINES} lines, not read")
+            return False
         if self.lines + len(lines) > MAX_CONTEXT_LINES:
             self.context.notes.append(f"project context full: {why} was not read")
             return False
