@@ -18,10 +18,6 @@ MAX_ROUNDS = 10
 _LONE_NEWLINE = re.compile(r"\r\n|\r|\n")
 
 
-class FixError(Exception):
-    """A fix produced text that does not parse (a bug in a rule's fix)."""
-
-
 @dataclass
 class FixOutcome:
     text: str

@@ -383,7 +383,3 @@ def _comparison(test: cst.Comparison, holds: bool, counters: set[str]):
         if (at_least and holds) or (below and not holds):
             return ("counter", k)
     return None
-
-
-def k_text(gate: Gate | None) -> str | None:
-    return code(gate.k) if gate is not None and gate.k is not None else None
