@@ -29,10 +29,10 @@ def check(ctx: RuleContext) -> None:
 def _accumulation_gate(model, loop):
     """The step gate of a manual accumulation window (K > 1) around a backward of the loop;
     None under `accelerator.accumulate()`, which applies `no_sync` itself."""
-    for site in loop.backwards:
-        if model.regions_around(site.stmt, "accumulate") or model.on_update_step(loop, site.stmt):
+    for stmt in [s.stmt for s in loop.backwards] + loop.delegated:  # `self.backward(loss)`
+        if model.regions_around(stmt, "accumulate") or model.on_update_step(loop, stmt):
             continue
-        gate = model.gate_for(loop, site.stmt)
+        gate = model.gate_for(loop, stmt)
         if gate is None or gate.k is None or gate.kind not in ("modulo", "counter", "micro-loop"):
             continue
         value = model.fixed_int(gate.k)
@@ -166,8 +166,9 @@ def _wrap_micro_step(ctx, loop, gate, held, forward):
             f"no fix: the optimizer steps in `{gate.caller.name}`, which calls this function "
             "every micro-step; put the call under `no_sync()` on non-final micro-steps there"
         )
-    backwards = [s for s in loop.backwards if not ctx.model.on_update_step(loop, s.stmt)]
-    targets = [forward.stmt.line, *(s.stmt.line for s in backwards)]
+    backwards = [s.stmt for s in loop.backwards] + loop.delegated
+    backwards = [s for s in backwards if not ctx.model.on_update_step(loop, s)]
+    targets = [forward.stmt.line, *(s.line for s in backwards)]
     block, first, last = _common_block(loop, gate, targets)
     if block is None:
         return None, "no fix: the forward and the backward are in different blocks"
@@ -277,8 +278,16 @@ def _update_condition(ctx, loop, gate, start):
     if test is None or not _plain(test):
         return None
     names = {n.value for n in walk(test) if isinstance(n, cst.Name)}
+    names |= {dotted(n) for n in walk(test) if isinstance(n, cst.Attribute)} - {None}
     begin = _first_order(start, loop)
     end = _first_order(gate.node, loop)
+    classes = ctx.model.classes
+    if any(
+        d.stmt.scope.name != "__init__"
+        for n in names
+        for d in classes.attribute_defs(loop.scope, n)
+    ):
+        return None  # a counter on `self` that another method may move (`self.micro_step`)
     for name in names:
         for d in loop.scope.defs.get(name, ()):
             if begin <= d.stmt.order < end and dist.inside(d.stmt, loop.node):

@@ -69,6 +69,9 @@ class TrainingLoop:
     gate: Gate | None = None
     counters: set[str] = field(default_factory=set)
     flags: dict[str, cst.BaseExpression] = field(default_factory=dict)
+    # calls, in the loop, of a function of the module that runs the backward and leaves the
+    # step to the loop (`self.backward(loss)` in a trainer's `train_step`)
+    delegated: list[Stmt] = field(default_factory=list)
 
     def of_kind(self, *kinds: str) -> list[Site]:
         return [s for s in self.sites if s.kind in kinds]
@@ -90,14 +93,14 @@ def find_training_loops(
     sites: list[Site],
     called_in_loop: bool = False,
     classes: Classes | None = None,
-    calls_backward: bool = False,
+    delegated: list[Stmt] | None = None,
 ) -> list[TrainingLoop]:
     """The training loops of one scope.
 
     A function with no loop of its own whose body is one micro-step (`def training_step(...)`)
     counts as a loop body when the module calls it from inside a loop (`called_in_loop`); so
-    does one that steps and leaves the backward to a function it calls (`calls_backward`: a
-    trainer's `train_step` calling `self.backward(loss)`, then `self.optimizer_step()`).
+    does one that steps and leaves the backward to a function it calls (`delegated`: the calls
+    of it, a trainer's `train_step` calling `self.backward(loss)`, then `self.optimizer_step()`).
     """
     loops: dict[int, TrainingLoop] = {}
     for site in sites:
@@ -118,11 +121,12 @@ def find_training_loops(
         index = chain.index(owner)
         if index + 1 < len(chain) and loop.micro_loop is None:
             loop.micro_loop = chain[index + 1]
-    if not loops and called_in_loop and calls_backward and isinstance(scope.node, cst.FunctionDef):
+    if not loops and called_in_loop and delegated and isinstance(scope.node, cst.FunctionDef):
         if any(s.kind in STEP_KINDS for s in sites):  # `train_step`: self.backward(loss), ...
-            loops[id(scope.node)] = TrainingLoop(scope.node, scope, list(sites))
-            loops[id(scope.node)].counters = _counters(scope, scope.node, classes)
-            loops[id(scope.node)].flags = _flags(scope)
+            loop = loops[id(scope.node)] = TrainingLoop(scope.node, scope, list(sites))
+            loop.counters = _counters(scope, scope.node, classes)
+            loop.flags = _flags(scope)
+            loop.delegated = list(delegated)
     for loop in loops.values():
         loop.gate = _step_gate(loop)
     return sorted(loops.values(), key=lambda lp: _first_order(lp))

@@ -81,7 +81,7 @@ class Model:
         for scope in self.scopes:
             sites = self.sites[id(scope)]
             per_batch = self.graph.called_in_loop(scope)
-            delegates = per_batch and self._leaves_the_backward(scope)
+            delegates = self._backward_left_to(scope) if per_batch else []
             self.loops.extend(find_training_loops(scope, sites, per_batch, self.classes, delegates))
             self.regions.extend(finder.regions(scope))
         self.gates = Gates(self.graph, self.sites, self.regions, self.roles, self.classes)
@@ -89,16 +89,17 @@ class Model:
             self.gates.assign(loop)
         self._calls_by_with: dict[int, list[CallSite]] | None = None
 
-    def _leaves_the_backward(self, scope: Scope) -> bool:
-        """Whether `scope` calls a function of the module that runs a backward and leaves the
-        step to its caller (a trainer's `self.backward(loss)`)."""
+    def _backward_left_to(self, scope: Scope) -> list[Stmt]:
+        """The calls in `scope` of functions of the module that run a backward and leave the
+        step to their caller (a trainer's `self.backward(loss)`)."""
+        found = []
         for call in scope.calls:
             callee = self.graph.local_function(call.call.func, scope)
             if callee is not None and callee is not scope:
                 kinds = {s.kind for s in self.sites[id(callee)]}
                 if kinds & {"backward", "engine_backward"} and not kinds & set(STEP_KINDS):
-                    return True
-        return False
+                    found.append(call.stmt)
+        return found
 
     def lines(self) -> list[str]:
         """The source split at "\\n", shared by every rule's context (one split per module)."""

@@ -4,8 +4,6 @@ exact place; each correct version asserts `== []`."""
 
 from __future__ import annotations
 
-import pytest
-
 TRAINER = """
 import torch
 from torch.amp import GradScaler, autocast
@@ -332,12 +330,9 @@ def test_backward_inside_a_context_manager_class_that_enters_autocast(acl202, at
     assert acl202.findings(source) == [("ACL202", *at(source, "scaler.scale(loss).backward()"))]
 
 
-@pytest.mark.xfail(
-    strict=True, reason="issue 23: the forward in train_step, the backward in a method"
-)
 def test_ddp_trainer_split_into_methods_syncs_every_micro_step(acl401, at):
-    """Not yet: ACL401 looks for the DDP forward in the loop that holds the backward, which
-    is the `backward` method here, while the forward runs in `train_step`."""
+    """The forward runs in `train_step`, the backward in the `backward` method it calls: the
+    micro-step to put under `no_sync()` is the forward and that call."""
     source = """
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
