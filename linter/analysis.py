@@ -175,14 +175,17 @@ def parse(source: str, cache: ParseCache | None = None):
 
     With a cache (the language server's), only the top-level statements that changed since the
     versions it saw are parsed again, cut where Python's `ast` says they start. Returns the
-    libcst module and that `ast` (positions reuse it; None without a cache, or when `ast`
-    rejects the text)."""
+    libcst module and that `ast` (positions reuse it; None when `ast` rejects the text, or when
+    neither the screen nor a cache or a big file needed it)."""
     import libcst as cst
 
     from linter.incremental import ast_of, parse_in_pieces, parse_with
+    from linter.screen import screened
 
     big = cache is None and len(source) >= PIECES_FROM
-    tree = ast_of(source) if cache is not None or big else None
+    tree = screened(source)  # the screen's, when it just read this text
+    if tree is None and (cache is not None or big):
+        tree = ast_of(source)
     try:
         if big and tree is not None:
             return parse_in_pieces(source, tree), tree

@@ -6,6 +6,8 @@ range (comments, blank lines, formatting) stays byte-for-byte as it was.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import libcst as cst
 
 from linter.model import Model
@@ -36,6 +38,8 @@ class RuleContext:
         `configuration`: the runs it affects; one harmless by default is reported a level
         lower (`latent_severity`)."""
         start, end = node if isinstance(node, tuple) else self.span(node)
+        if fix is not None and fix.applicability is None:
+            fix = replace(fix, applicability=record_applicability(self.code))
         severity = latent_severity(configuration, severity)
         diagnostic = Diagnostic(
             self.code, message, self.path, start, end, fix, notes, severity, configuration
@@ -161,9 +165,18 @@ def _multiline_string(ctx: RuleContext, node: cst.CSTNode) -> bool:
     return start.line != end.line
 
 
-def make_fix(message: str, *edits: Edit | None, applicability: str = "safe") -> Fix | None:
-    """A Fix from the edits, or None when any edit could not be made."""
+def make_fix(message: str, *edits: Edit | None, applicability: str | None = None) -> Fix | None:
+    """A Fix from the edits, or None when any edit could not be made. Without `applicability`
+    the fix is as safe as its rule's record says (`Rule.fix`), filled in by `report`."""
     if not edits or any(e is None for e in edits):
         return None
     ordered = tuple(sorted(edits, key=lambda e: (e.start, e.end)))
     return Fix(applicability, message, ordered)
+
+
+def record_applicability(code: str) -> str:
+    """A rule whose record calls its fix unsafe offers only unsafe fixes; every other fixing
+    rule ("safe", "safe-when-trailing": it offers the fix only where it is safe) safe ones."""
+    from rules import ALL_RULES
+
+    return "unsafe" if ALL_RULES[code].fix == "unsafe" else "safe"

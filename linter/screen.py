@@ -58,6 +58,8 @@ class Unanalysable(Exception):
 def nesting_problem(text: str, shown: str) -> tuple[str, int] | None:
     """Why `text` is too deeply nested to analyse and where, or None when it is fine (or when
     CPython rejects it for another reason)."""
+    global _screened
+    _screened = None
     try:
         tree = compile(text, shown, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
     except SyntaxError as error:
@@ -66,7 +68,23 @@ def nesting_problem(text: str, shown: str) -> tuple[str, int] | None:
         return None  # e.g. a null byte: libcst reports it
     except (RecursionError, MemoryError):
         return GIVES_UP, 1
-    return too_deep(tree)
+    problem = too_deep(tree)
+    if problem is None:
+        _screened = (text, tree)
+    return problem
+
+
+# The last text the screen passed and its `ast`: the analysis that follows needs the same tree
+# (positions, big files' pieces), which would cost a second parse (a tenth of a lint).
+_screened: tuple[str, ast.Module] | None = None
+
+
+def screened(text: str) -> ast.Module | None:
+    """The `ast` of `text` when it is the very text (the same object) the screen just passed;
+    else None. Asked once: the tree is not kept after that."""
+    global _screened
+    last, _screened = _screened, None
+    return last[1] if last is not None and last[0] is text else None
 
 
 GIVES_UP = "too deeply nested to analyse: Python's own parser gives up on it"

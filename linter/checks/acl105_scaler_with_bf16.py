@@ -38,7 +38,6 @@ def check(ctx: RuleContext) -> None:
         fix = make_fix(
             f"Remove `{scaler.name}` and call the optimizer directly",
             *_removal(ctx, scaler),
-            applicability="unsafe",
         )
         how = (
             ""

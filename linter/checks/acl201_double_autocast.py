@@ -56,7 +56,6 @@ def _report_nested(ctx, region, outer) -> None:
         fix = make_fix(
             "Remove the inner autocast region",
             ctx.unwrap_with(region.with_node),
-            applicability="unsafe",
         )
     ctx.report(
         region.item.item,
@@ -76,7 +75,6 @@ def _report_prepared(ctx, region, called: str, engine) -> None:
         fix = make_fix(
             f"Use `{name}.autocast()`",
             ctx.replace(region.call, f"{name}.autocast()"),
-            applicability="unsafe",
         )
     ctx.report(
         region.item.item,

@@ -98,9 +98,7 @@ def _report(ctx, loop, site, steps, where: str) -> None:
         if _zeroed_after(loop, site, step):
             edits = [_moves.delete(ctx, site.stmt)] if _moves.movable(ctx, site.stmt) else None
         if edits is not None:
-            fix = make_fix(
-                f"Move `{label}()` after the optimizer step", *edits, applicability="unsafe"
-            )
+            fix = make_fix(f"Move `{label}()` after the optimizer step", *edits)
     else:
         notes = ("the optimizer step is not in this function: move the call after it by hand",)
     ctx.report(

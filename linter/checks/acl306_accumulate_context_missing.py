@@ -109,7 +109,7 @@ def _fix(ctx: RuleContext, loop, site, engine: str):
     if edit is None:
         return None, None
     message = f"Wrap the step in `with {engine}.accumulate({', '.join(models)}):`"
-    return make_fix(message, edit, applicability="unsafe"), None
+    return make_fix(message, edit), None
 
 
 def _prepared_models(model, site) -> list[str]:

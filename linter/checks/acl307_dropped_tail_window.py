@@ -55,7 +55,7 @@ def _report(ctx, window) -> None:
             text = f"({text})"
         joined = f"{text} or {last}" if holds else f"{text} and {last}"
         edit = ctx.replace(target, joined)
-        fix = make_fix(f"Also step on the last batch (`{last}`)", edit, applicability="unsafe")
+        fix = make_fix(f"Also step on the last batch (`{last}`)", edit)
     left = _left_over(window, f"len({loader})")
     if window.before_backward:
         count = f"the last `{left}` micro-batches of each epoch (at least one)"

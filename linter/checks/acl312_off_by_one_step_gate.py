@@ -21,7 +21,6 @@ def _report(ctx, window) -> None:
     fix = make_fix(
         f"Count the window from 1 (`{left} % {code(window.k)}`)",
         ctx.replace(window.modulo, f"{left} % {code(window.k)}"),
-        applicability="unsafe",
     )
     k = code(window.k)
     fires = f"1, {k} + 1, 2 * {k} + 1" if error == -1 else f"{k} - 1, 2 * {k} - 1"

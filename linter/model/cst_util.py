@@ -104,6 +104,33 @@ def walk(node: cst.CSTNode, into_scopes: bool = False) -> Iterator[cst.CSTNode]:
 _SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
 
+def compound_statements(node: cst.CSTNode) -> Iterator[cst.BaseCompoundStatement]:
+    """Every compound statement (def, class, if, loop, with, try, match) in `node`, nested
+    scopes included, in the order `walk(node, into_scopes=True)` meets them. Statements never
+    sit in expressions or simple statement lines, so only the blocks are entered: a statement
+    table costs the statements, not every node of the module."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.BaseCompoundStatement):
+            yield current
+        kids = [k for k in child_list(current) if isinstance(k, _HOLDS_STATEMENTS)]
+        kids.reverse()
+        stack.extend(kids)
+
+
+# What a compound statement may hold below it (an `elif` is an If in `orelse`).
+_HOLDS_STATEMENTS = (
+    cst.BaseCompoundStatement,
+    cst.BaseSuite,
+    cst.Else,
+    cst.Finally,
+    cst.ExceptHandler,
+    cst.ExceptStarHandler,
+    cst.MatchCase,
+)
+
+
 def dotted(node: cst.CSTNode | None) -> str | None:
     """`a.b.c` for a Name/Attribute chain, else None."""
     parts: list[str] = []

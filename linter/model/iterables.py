@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from linter.model.cst_util import (
+    compound_statements,
     dotted,
     is_false,
     keyword,
@@ -157,7 +158,7 @@ class _Lengthless:
 def _class_table(model: Model) -> dict[str, tuple[set[str], set[str]]]:
     """name -> (the last parts of its bases, the methods it defines), for the module's classes."""
     table = {}
-    for node in walk(model.module, into_scopes=True):
+    for node in compound_statements(model.module):
         if isinstance(node, cst.ClassDef):
             bases = {last_part(dotted(b.value)) for b in node.bases if dotted(b.value)}
             methods = {s.name.value for s in node.body.body if isinstance(s, cst.FunctionDef)}

@@ -105,15 +105,18 @@ def _names_any(model: Model, keywords, minus_100: bool = False) -> bool:
     for scope in model.scopes:
         for stmt in scope.stmts:
             for node in walk(stmt.node):
-                if isinstance(node, cst.Arg) and node.keyword is not None:
+                kind = type(node)  # every node of the module: no isinstance, no dotted text
+                if kind is cst.Arg and node.keyword is not None:
                     if node.keyword.value in keywords:
                         return True
-                elif isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+                elif kind is cst.UnaryOperation and isinstance(node.operator, cst.Minus):
                     if minus_100 and isinstance(node.expression, cst.Integer):
                         if node.expression.value == "100":
                             return True
-                elif isinstance(node, (cst.Name, cst.Attribute)):
-                    if _MASKING_NAMES.match(last_part(dotted(node))):
+                elif kind is cst.Name or kind is cst.Attribute:
+                    # the dotted text's last part, only built for a name that matches
+                    last = node.value if kind is cst.Name else node.attr.value
+                    if _MASKING_NAMES.match(last) and dotted(node) is not None:
                         return True
     return False
 
