@@ -6,6 +6,7 @@ from linter.checks._scaler_edits import insert_after
 from linter.context import RuleContext, make_fix
 from linter.model import scaler_protocol as protocol
 from linter.model import scaler_updates
+from linter.model.precision_runs import scaler_configuration
 
 
 def check(ctx: RuleContext) -> None:
@@ -24,6 +25,7 @@ def _report(ctx, bypass: protocol.Bypass) -> None:
         f"scale: the update is that many times too large and inf/NaN steps are not skipped (use "
         f"`{scaler}.step({optimizer})` and `{scaler}.update()`)",
         _fix(ctx, bypass),
+        configuration=scaler_configuration(ctx.model, scaler),
     )
 
 

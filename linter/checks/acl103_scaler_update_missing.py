@@ -6,6 +6,7 @@ from linter.checks._scaler_edits import delete, insert_after
 from linter.context import RuleContext, make_fix
 from linter.model import scaler_protocol as protocol
 from linter.model import scaler_updates
+from linter.model.precision_runs import scaler_configuration
 
 
 def check(ctx: RuleContext) -> None:
@@ -38,4 +39,5 @@ def _report(ctx, missing: scaler_updates.MissingUpdate) -> None:
         f"`{scaler}.step(...)` is followed by `{scaler}.update()` {where}: {consequence} "
         f"(call `{scaler}.update()` once after the iteration's last `{scaler}.step`)",
         fix,
+        configuration=scaler_configuration(ctx.model, scaler),
     )

@@ -8,6 +8,7 @@ from linter.checks._scaler_edits import insert_before
 from linter.context import RuleContext, make_fix
 from linter.model import scaler_clipping as clipping
 from linter.model.cst_util import code, last_part
+from linter.model.precision_runs import scaler_configuration
 
 # `torch.nn.utils.clip_grad_norm_` arguments that `accelerator.clip_grad_norm_` also takes.
 _ENGINE_CLIP_ARGS = {"parameters", "max_norm", "norm_type"}
@@ -43,6 +44,7 @@ def _report_raw(ctx, clip: clipping.ScaledClip) -> None:
         f"loss scale: the norm is compared with the threshold that many times too large and "
         f"nearly every step is clipped to almost nothing ({hint})",
         fix,
+        configuration=scaler_configuration(ctx.model, scaler),
     )
 
 

@@ -8,6 +8,7 @@ from linter.context import RuleContext, make_fix
 from linter.model import distributed as dist
 from linter.model.cst_util import code, walk
 from linter.model.precision import FP32, innermost_autocast
+from linter.model.precision_runs import autocast_configuration
 from linter.types import Edit, Position
 
 
@@ -47,6 +48,7 @@ def _report(ctx: RuleContext, site, cast) -> None:
         "only (custom autograd backwards and torch.compile's traced backward see the region's "
         f"autocast state) ({advice})",
         make_fix("Move the backward after the autocast block", edit),
+        configuration=autocast_configuration(ctx.model, cast),
     )
 
 

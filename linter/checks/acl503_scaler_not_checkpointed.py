@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from linter.context import RuleContext
 from linter.model.checkpoints import checkpoints, enabled_scalers, is_scaler_text
+from linter.model.precision_runs import scaler_configuration
 
 
 def check(ctx: RuleContext) -> None:
@@ -28,6 +29,7 @@ def check(ctx: RuleContext) -> None:
             f"this checkpoint saves `{optimizers[0]}.state_dict()` but not "
             f"`{scalers[0]}.state_dict()`: a resumed run restarts the loss scale at 65536 and "
             f'skips its first steps on overflow (add `"scaler": {scalers[0]}.state_dict()`)',
+            configuration=scaler_configuration(model, scalers[0]),
         )
 
 

@@ -16,9 +16,11 @@ import libcst as cst
 
 from linter.model import config_values as cv
 from linter.model.config_values import AutocastValue, EngineValue, ScalerValue, TorchDtype
+from linter.model.cst_util import code, dotted, keyword, last_part, walk
 from linter.model.functions import Def, Scope
 from linter.model.precision import Autocast, region_scope
 from linter.model.setup import Engine, Scaler
+from linter.types import Configuration
 
 
 @dataclass(frozen=True)
@@ -171,3 +173,94 @@ def scaler_exprs(model, scalers: list[Scaler]) -> list[Expr | None]:
 
 def engine_exprs(model, engines: list[Engine]) -> list[Expr | None]:
     return [construction_expr(model, e.node) for e in engines]
+
+
+# which runs a finding about an enabled scaler or autocast affects ---------------------------------
+def scaler_configuration(model, name: str | None) -> Configuration | None:
+    """The runs in which the GradScaler `name` scales, for a finding that is real only then:
+    `GradScaler(enabled=(args.mixed_precision == 'fp16'))` with `--mixed-precision` defaulting
+    to bf16 is latent. None when it scales in every run, or when its switch is not traced."""
+    if not name:
+        return None
+    scalers = [s for s in model.setup.scalers.values() if s.name == name]
+    if not scalers:
+        scalers = [s for s in model.setup.scalers.values() if last_part(s.name) == last_part(name)]
+    if len(scalers) != 1 or scalers[0].enabled is not None:
+        return None  # several of that name, none known, or on (or off) in every run
+    verdict = runs_where(model, scaler_exprs(model, scalers), lambda v: scaler_on(v[0]))
+    return _configuration(verdict)
+
+
+def autocast_configuration(model, cast: Autocast) -> Configuration | None:
+    """The runs in which an autocast region runs in low precision: `autocast(enabled=args.amp)`
+    with a store_true `--amp`, or `accelerator.autocast()`, a no-op unless the Accelerator's
+    mixed_precision is fp16 or bf16. None when it does in every run or the switch is not
+    traced (an Accelerator handed its precision through `**kwargs` from elsewhere)."""
+    if cast.by_engine:
+        engine = cast.engine
+        if engine is None or engine.mixed_precision is not None:
+            return None
+        if isinstance(engine.node, cst.Call) and _default_precision(model, engine.node):
+            return Configuration(
+                False,
+                "with the Accelerator's mixed_precision set to fp16 or bf16 (`accelerate "
+                "launch --mixed_precision`, `accelerate config`; default 'no')",
+                ("mixed_precision",),
+            )
+        verdict = runs_where(
+            model, engine_exprs(model, [engine]), lambda v: engine_precision(v[0]) in _LOW
+        )
+        return _configuration(verdict)
+    if cast.enabled is not None:
+        return None
+    low = (TorchDtype("fp16"), TorchDtype("bf16"))
+
+    def on(values) -> bool:
+        return bool(values[0]) and all(
+            isinstance(v, AutocastValue) and v.enabled is True and v.dtype in low for v in values[0]
+        )
+
+    return _configuration(runs_where(model, [cast_expr(model, cast)], on))
+
+
+_LOW = ("fp16", "bf16")
+
+
+def _default_precision(model, call: cst.Call) -> bool:
+    """`Accelerator(...)` that leaves mixed_precision to Accelerate's default ('no', unless the
+    launcher sets it): no `mixed_precision=`, and any `**kwargs` a parameter defaulting to an
+    empty dict that its function never gives the key."""
+    if keyword(call, "mixed_precision") is not None:
+        return False
+    for arg in call.args:
+        if arg.star == "*":
+            return False
+        if arg.star == "**" and not _empty_kwargs(model, arg.value, call):
+            return False
+    return True
+
+
+def _empty_kwargs(model, value: cst.BaseExpression, call: cst.Call) -> bool:
+    name = dotted(value)
+    scope = next((s for s in model.scopes if any(c.call is call for c in s.calls)), None)
+    if not name or scope is None or not isinstance(scope.node, cst.FunctionDef):
+        return False
+    params = scope.node.params
+    param = next((p for p in params.params + params.kwonly_params if p.name.value == name), None)
+    default = param.default if param is not None else None
+    empty = isinstance(default, cst.Dict) and not default.elements
+    empty = empty or (
+        isinstance(default, cst.Call) and dotted(default.func) == "dict" and not default.args
+    )
+    return empty and not any(
+        "mixed_precision" in code(n)
+        for n in walk(scope.node)
+        if isinstance(n, (cst.Subscript, cst.Call)) and name in code(n)
+    )
+
+
+def _configuration(verdict: Verdict | None) -> Configuration | None:
+    if verdict is None or not verdict.condition.depends:
+        return None
+    c = verdict.condition
+    return Configuration(c.affects_default, c.text, c.knobs)
