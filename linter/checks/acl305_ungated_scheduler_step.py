@@ -8,6 +8,7 @@ from linter.context import RuleContext, make_fix
 from linter.model import schedules, windows
 from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code
+from linter.model.precision_runs import scaler_configuration
 
 
 def check(ctx: RuleContext) -> None:
@@ -95,4 +96,5 @@ def _report_unchecked(ctx, call, after) -> None:
         "skipped step: when the GradScaler skips the optimizer on inf/NaN, the schedule (or "
         "average) still moves (test `scaler.get_scale()` against its value before the step)",
         severity="info",
+        configuration=scaler_configuration(ctx.model, after.receiver),
     )

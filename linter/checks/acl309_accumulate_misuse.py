@@ -8,6 +8,7 @@ import libcst as cst
 from linter.context import RuleContext
 from linter.model import accumulation
 from linter.model.accumulation import exclusive, frames_before, innermost_loop
+from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code
 from linter.model.gates import stepped_optimizer
 from linter.model.loops import BACKWARD_KINDS, STEP_KINDS, same_path
@@ -21,6 +22,8 @@ def check(ctx: RuleContext) -> None:
     if not regions:
         return
     reported: set[int] = set()
+    # with K = 1 every entry syncs and steps: each variant is harmless there
+    configuration = gate_configuration(model, None)
     for loop, entries in _entries_per_loop(model, regions).items():
         pair = _second_entry(model, entries) if len(entries) > 1 else None
         if pair is not None:
@@ -32,10 +35,11 @@ def check(ctx: RuleContext) -> None:
                 "the micro-step counter ticks twice per batch, so the windows are half as long as "
                 "configured and the models entered first almost never sync; enter once, with "
                 "every model: `accumulate(m1, m2)`",
+                configuration=configuration,
             )
     for region in regions:
         if id(innermost_loop(region.frames)) not in reported:
-            _check_block(ctx, region, reported)
+            _check_block(ctx, region, reported, configuration)
 
 
 # --- two entries per iteration ---------------------------------------------------------------
@@ -88,7 +92,7 @@ def _second_entry(model, entries):
 
 
 # --- one block ----------------------------------------------------------------------------
-def _check_block(ctx: RuleContext, region, reported: set[int]) -> None:
+def _check_block(ctx: RuleContext, region, reported: set[int], configuration) -> None:
     model = ctx.model
     inner_loader = _loader_loop_inside(model, region)
     if inner_loader is not None:
@@ -97,6 +101,7 @@ def _check_block(ctx: RuleContext, region, reported: set[int]) -> None:
             "a loader loop inside the `accumulate()` block: the whole pass counts as one "
             "micro-step, and in the outer loader's last batch every inner step syncs; put "
             "`accumulate()` inside the loop over the batches",
+            configuration=configuration,
         )
         return
     extra = _extra_backward(model, region)
@@ -107,6 +112,7 @@ def _check_block(ctx: RuleContext, region, reported: set[int]) -> None:
             "single micro-step, so each window spans several times the configured backward "
             "passes and its gradient is that many times the intended mean; enter "
             "`accumulate()` once per forward/backward pair",
+            configuration=configuration,
         )
         return
     if accumulation.opts_out_of_loader_sync(model):
@@ -114,7 +120,7 @@ def _check_block(ctx: RuleContext, region, reported: set[int]) -> None:
     loader = _untracked_loader(model, region)
     if loader is not None and id(loader[0]) not in reported:
         reported.add(id(loader[0]))
-        ctx.report(loader[1], loader[2])
+        ctx.report(loader[1], loader[2], configuration=configuration)
 
 
 def _block_sites(model, region):

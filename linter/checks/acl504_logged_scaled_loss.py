@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from linter.context import RuleContext
+from linter.model.config_space import k_configuration
 from linter.model.cst_util import code
 from linter.model.logged_losses import DIVIDED, SCALED, logged_losses
 
@@ -11,7 +12,16 @@ def check(ctx: RuleContext) -> None:
     """Report each logging statement once, at its logger call (else its `.item()`)."""
     for logged in logged_losses(ctx.model):
         hint = logged.kind not in (DIVIDED, SCALED)
-        ctx.report(logged.node, _message(ctx, logged), severity="info" if hint else None)
+        configuration = None
+        if logged.kind == DIVIDED and logged.binding is not None:
+            # a loss divided by K = 1 logs the loss itself
+            configuration = k_configuration(ctx.model, logged.k, logged.binding.scope)
+        ctx.report(
+            logged.node,
+            _message(ctx, logged),
+            severity="info" if hint else None,
+            configuration=configuration,
+        )
 
 
 def _message(ctx, logged) -> str:

@@ -185,10 +185,13 @@ def scaler_configuration(model, name: str | None) -> Configuration | None:
     scalers = [s for s in model.setup.scalers.values() if s.name == name]
     if not scalers:
         scalers = [s for s in model.setup.scalers.values() if last_part(s.name) == last_part(name)]
-    if len(scalers) != 1 or scalers[0].enabled is not None:
-        return None  # several of that name, none known, or on (or off) in every run
-    verdict = runs_where(model, scaler_exprs(model, scalers), lambda v: scaler_on(v[0]))
-    return _configuration(verdict)
+    if not scalers or any(s.enabled is not None for s in scalers):
+        return None  # none known, or one on (or off) in every run
+    found = {
+        _configuration(runs_where(model, [e], lambda v: scaler_on(v[0])))
+        for e in scaler_exprs(model, scalers)
+    }
+    return found.pop() if len(found) == 1 else None  # built alike on every path, or untold
 
 
 def autocast_configuration(model, cast: Autocast) -> Configuration | None:

@@ -251,3 +251,107 @@ def test_backward_after_the_accelerator_autocast_is_clean():
         "            self.accelerator.backward(loss)\n",
     )
     assert lint(source, "ACL202") == []
+
+
+# ACL504: a loss divided by K logs the loss itself while K is 1 ----------------------------------
+DIVIDED_LOG = """
+import argparse
+
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--accumulation-steps", type=int, default=1)
+args = parser.parse_args()
+
+for idx, (samples, targets) in enumerate(data_loader):
+    loss = criterion(model(samples), targets)
+    loss = loss / args.accumulation_steps
+    loss.backward()
+    if (idx + 1) % args.accumulation_steps == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+    loss_meter.update(loss.item(), targets.size(0))
+"""
+
+
+def test_a_logged_divided_loss_is_latent_while_k_defaults_to_one():
+    (found,) = lint(DIVIDED_LOG, "ACL504")
+    assert (found.code, found.start.line, found.start.column) == ("ACL504", 17, 22)
+    assert found.configuration == Configuration(
+        False, "with --accumulation-steps > 1 (default 1)", ("accumulation_steps",)
+    )
+    assert found.severity == "warning"
+
+
+def test_a_logged_divided_loss_affects_the_default_run_with_k_above_one():
+    source = DIVIDED_LOG.replace("type=int, default=1", "type=int, default=4")
+    (found,) = lint(source, "ACL504")
+    assert found.start.line == 17 and found.configuration.affects_default
+
+
+def test_logging_the_undivided_loss_is_clean():
+    source = DIVIDED_LOG.replace(
+        "    loss = loss / args.accumulation_steps\n    loss.backward()\n",
+        "    (loss / args.accumulation_steps).backward()\n",
+    ).replace(
+        "        optimizer.zero_grad()\n    loss_meter.update(",
+        "        optimizer.zero_grad()\n        loss_meter.update(",
+    )
+    assert lint(source, "ACL504") == []
+
+
+def test_a_scheduler_after_an_amp_switched_scaler_step_is_a_latent_hint():
+    source = AMP_FLAG.replace(
+        "    torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad)\n"
+        "    optimizer.step()\n",
+        "    scaler.step(optimizer)\n    scaler.update()\n    lr_scheduler.step()\n",
+    )
+    (found,) = lint(source, "ACL305")
+    assert (found.code, found.start.line, found.severity) == ("ACL305", 22, "info")
+    assert found.configuration == Configuration(False, AMP_OFF, ("amp",))
+
+
+# ACL309: every accumulate() misuse is harmless while K is 1 --------------------------------------
+TWO_ENTRIES = """
+import argparse
+
+from accelerate import Accelerator
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--gradient_accumulation_steps", type=int, default=1)
+args = parser.parse_args()
+accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps)
+unet, text_encoder, optimizer, train_dataloader = accelerator.prepare(
+    unet, text_encoder, optimizer, train_dataloader
+)
+for step, batch in enumerate(train_dataloader):
+    with accelerator.accumulate(unet):
+        with accelerator.accumulate(text_encoder):
+            loss = compute_loss(unet, text_encoder, batch)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+
+def test_accumulate_entered_twice_is_latent_while_k_defaults_to_one():
+    (found,) = lint(TWO_ENTRIES, "ACL309")
+    assert (found.code, found.start.line) == ("ACL309", 15)
+    assert found.configuration == Configuration(
+        False,
+        "with --gradient_accumulation_steps > 1 (default 1)",
+        ("gradient_accumulation_steps",),
+    )
+    assert found.severity == "warning"
+
+
+def test_accumulate_entered_once_with_both_models_is_clean():
+    source = TWO_ENTRIES.split("for step, batch")[0] + (
+        "for step, batch in enumerate(train_dataloader):\n"
+        "    with accelerator.accumulate(unet, text_encoder):\n"
+        "        loss = compute_loss(unet, text_encoder, batch)\n"
+        "        accelerator.backward(loss)\n"
+        "        optimizer.step()\n"
+        "        optimizer.zero_grad()\n"
+    )
+    assert lint(source, "ACL309") == []
