@@ -10,13 +10,18 @@ them one after the other (each round re-reads the file).
 
 from __future__ import annotations
 
-import io
 import re
-import tokenize
 
 import libcst as cst
 
 from linter.context import RuleContext, make_fix
+from linter.edits import (
+    merged,
+    remove_statement,
+    replace_statement,
+    statement_before,
+    without_names,
+)
 from linter.model.amp_api import TORCH_AMP_NAMES, Binding, Use, amp_api
 from linter.model.cst_util import dotted
 from linter.types import Edit, Position
@@ -54,7 +59,7 @@ def _report_chain(ctx, api, use: Use) -> None:
         if prefix is None:
             raise _Declined("is reached without a name bound to `torch`")
         edits = _rewrite(ctx, use, f"{prefix}.amp.{name}", device, name)
-        fix = make_fix(f"Use `{_modern(name, device)}`", *_merged(edits))
+        fix = make_fix(f"Use `{_modern(name, device)}`", *merged(edits))
     except _Declined as declined:
         reason = f" (not fixed: it {declined})"
     ctx.report(use.node, f"`{spelled}` is deprecated: use `{_modern(name, device)}`{reason}", fix)
@@ -79,7 +84,7 @@ def _report_bindings(ctx, api) -> None:
     if use_edits:
         statement_edits = _statement_edits(ctx, api, list(use_edits))
         edits = [e for es in use_edits.values() for e in es] + statement_edits
-        fix = make_fix("Import from `torch.amp` instead", *_merged(edits))
+        fix = make_fix("Import from `torch.amp` instead", *merged(edits))
     for binding in bindings:
         reason = f" (not fixed: {reasons[binding]})" if binding in reasons else ""
         uses = api.uses_of(binding)
@@ -271,73 +276,16 @@ def _drop_aliases(ctx, binding: Binding, dropped: set[int], add_torch: bool) -> 
     """Remove the names from their `from ... import` (the whole statement when none is left),
     with `import torch` in their place when nothing binds `torch` there."""
     statement = binding.statement
-    kept = _without(statement, dropped)
+    line = binding.line
+    kept = without_names(statement, dropped)
     if kept is not None:
         text = _EMPTY.code_for_node(kept)
         if add_torch:
-            text = _before(ctx, binding, "import torch") + text
-        return _replace_statement(ctx, binding, text)
+            text = statement_before(ctx, statement, line, "import torch") + text
+        return replace_statement(ctx, statement, line, text)
     if add_torch:
-        return _replace_statement(ctx, binding, "import torch")
-    return _remove_statement(ctx, binding)
-
-
-def _without(statement: cst.ImportFrom, dropped: set[int]) -> cst.ImportFrom | None:
-    """The statement without the dropped aliases (None when none is left), commas tidied."""
-    remaining = [a for a in statement.names if id(a) not in dropped]
-    if not remaining:
-        return None
-    if id(statement.names[-1]) in dropped:
-        remaining[-1] = remaining[-1].with_changes(comma=statement.names[-1].comma)
-    if len(remaining) == 1 and not statement.lpar:
-        remaining[0] = remaining[0].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-    return statement.with_changes(names=remaining, semicolon=cst.MaybeSentinel.DEFAULT)
-
-
-def _before(ctx, binding: Binding, text: str) -> str:
-    """`text` as a statement ahead of the binding's: its own line when the line holds nothing
-    else, else joined with `;`."""
-    if _owns_line(binding):
-        return f"{text}\n{ctx.indentation(ctx.line_of(binding.statement))}"
-    return f"{text}; "
-
-
-def _owns_line(binding: Binding) -> bool:
-    return len(binding.line.body) == 1 and isinstance(binding.line, cst.SimpleStatementLine)
-
-
-def _replace_statement(ctx, binding: Binding, text: str) -> Edit:
-    """Replace the statement, keeping the comments written inside it (a multi-line import's
-    `GradScaler,  # for fp16`) as lines above it."""
-    old = _comments(ctx.text(binding.statement))
-    new = _comments(text)
-    lost = [c for c in old if c not in new]
-    if lost and _owns_line(binding):
-        indent = ctx.indentation(ctx.line_of(binding.statement))
-        text = "".join(f"{c}\n{indent}" for c in lost) + text
-    return ctx.replace(binding.statement, text)
-
-
-def _remove_statement(ctx, binding: Binding) -> Edit:
-    """Delete the statement: its whole line(s) when it is alone there, keeping its comments."""
-    line = binding.line
-    if len(line.body) > 1:
-        others = [s for s in line.body if s is not binding.statement]
-        others[-1] = others[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
-        start, end = ctx.span(line.body[0])[0], ctx.span(line.body[-1])[1]
-        return Edit(start, end, "".join(_EMPTY.code_for_node(s) for s in others))
-    if binding.alone_in_block or isinstance(line, cst.SimpleStatementSuite):
-        return _replace_statement(ctx, binding, "pass")
-    start, end = ctx.span(binding.statement)
-    indent = ctx.indentation(start.line)
-    trailing = ctx.lines[end.line - 1][end.column :].strip()
-    comments = _comments(ctx.text(binding.statement))
-    comments += [trailing] if trailing.startswith("#") else []
-    keep = "".join(f"{indent}{c}\n" for c in comments)
-    if end.line >= len(ctx.lines):  # the last line, without a newline after it
-        last = Position(end.line, len(ctx.lines[-1]))
-        return Edit(Position(start.line, 0), last, keep.rstrip("\n"))
-    return Edit(Position(start.line, 0), Position(end.line + 1, 0), keep)
+        return replace_statement(ctx, statement, line, "import torch")
+    return remove_statement(ctx, statement, line, binding.alone_in_block)
 
 
 def _retarget_modules(ctx, bindings: list[Binding]) -> list[Edit]:
@@ -347,40 +295,16 @@ def _retarget_modules(ctx, bindings: list[Binding]) -> list[Edit]:
     statement = first.statement
     if isinstance(statement, cst.Import):
         return [ctx.replace(b.alias.name, "torch.amp") for b in bindings]
-    kept = _without(statement, {id(b.alias) for b in bindings})
+    kept = without_names(statement, {id(b.alias) for b in bindings})
     if kept is None:
         return [ctx.replace(statement.module, "torch")]
     moved = [b.alias.with_changes(comma=cst.MaybeSentinel.DEFAULT) for b in bindings]
     names = ", ".join(_EMPTY.code_for_node(a).strip() for a in moved)
-    text = _before(ctx, first, f"from torch import {names}")
-    return [_replace_statement(ctx, first, text + _EMPTY.code_for_node(kept))]
-
-
-def _comments(text: str) -> list[str]:
-    """The `#` comments in a piece of code (not the `#` inside its strings)."""
-    try:
-        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
-    except (tokenize.TokenError, SyntaxError):
-        return []
-    return [t.string for t in tokens if t.type == tokenize.COMMENT]
+    text = statement_before(ctx, statement, first.line, f"from torch import {names}")
+    return [replace_statement(ctx, statement, first.line, text + _EMPTY.code_for_node(kept))]
 
 
 # --- text helpers ---------------------------------------------------------------------------
-
-
-def _merged(edits: list[Edit]) -> list[Edit]:
-    """Join an insertion with an edit starting at the same point (`autocast(GradScaler())`
-    inserts before the inner callee it also renames): the fixer refuses edits sharing a start."""
-    merged: list[Edit] = []
-    for edit in sorted(edits, key=lambda e: (e.start, e.end)):
-        last = merged[-1] if merged else None
-        if last == edit:
-            continue
-        if last is not None and last.start == last.end == edit.start:
-            merged[-1] = Edit(edit.start, edit.end, last.content + edit.content)
-        else:
-            merged.append(edit)
-    return merged
 
 
 def _device(binding: Binding) -> str:

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import sys
-
 import libcst as cst
 
+from linter import edits
 from linter.context import RuleContext, make_fix
 from linter.model import distributed as dist
 from linter.model import fsdp2_models as fsdp2
 from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code, dotted, int_value, walk
-from linter.types import Edit, Position
 
 
 def check(ctx: RuleContext) -> None:
@@ -97,7 +95,7 @@ def _move_forward_in(ctx, loop, gate, region, forwards):
     block, first, last = _common_block(loop, gate, [forwards[0].stmt.line, region.with_node])
     if block is None or block[last] is not region.with_node:
         return None, "no fix: the forward and the `no_sync()` block are in different blocks"
-    if region.bound is not None and _index_holding(block, region.bound.stmt.line) in range(
+    if region.bound is not None and edits.index_holding(block, region.bound.stmt.line) in range(
         first, last
     ):
         name = code(region.item.item)
@@ -108,7 +106,7 @@ def _move_forward_in(ctx, loop, gate, region, forwards):
     expr, import_edit = context
     if region.conditional:
         expr = code(region.item.item)
-    edit = _wrap_into_with(ctx, block, first, region.with_node, expr)
+    edit = edits.move_into_with(ctx, block, first, region.with_node, expr)
     if edit is None:
         return None, "no fix: the block's layout cannot be rewritten cleanly"
     return _fix(edit, import_edit), None
@@ -180,7 +178,7 @@ def _wrap_micro_step(ctx, loop, gate, held, forward):
     if isinstance(context, str):
         return None, context
     expr, import_edit = context
-    edit = _wrap_lines(ctx, block[first], block[last], expr)
+    edit = edits.wrap_in_with(ctx, block[first], block[last], expr)
     if edit is None:
         return None, "no fix: the micro-step's lines cannot be re-indented cleanly"
     return _fix(edit, import_edit), None
@@ -189,7 +187,7 @@ def _wrap_micro_step(ctx, loop, gate, held, forward):
 def _fix(edit, import_edit):
     message = "Run the forward and backward of non-final micro-steps under `no_sync()`"
     edits = [edit] if import_edit is None else [import_edit, edit]
-    return make_fix(message, *edits, applicability="unsafe")
+    return make_fix(message, *edits)
 
 
 def _owner_text(model, forward, held) -> str:
@@ -207,41 +205,9 @@ def _owner_text(model, forward, held) -> str:
 
 # the restructuring -------------------------------------------------------------------------
 def _common_block(loop, gate, targets):
-    """(statements, first index, last index) of the deepest block holding all `targets`
-    (statement lines or compound statements), starting from the loop (or the micro-step loop).
-    (None, 0, 0) when they are not in one indented block."""
-    container = gate.node if gate.kind == "micro-loop" else loop.node
-    while True:
-        body = container.body
-        if not isinstance(body, cst.IndentedBlock):
-            return None, 0, 0
-        block = list(body.body)
-        indices = [_index_holding(block, t) for t in targets]
-        if any(i is None for i in indices):
-            return None, 0, 0
-        first, last = min(indices), max(indices)
-        node = block[first]
-        is_target = any(node is t for t in targets)
-        descend = first == last and not is_target and _descendable(node, targets)
-        if not descend:
-            return block, first, last
-        container = node
-
-
-def _index_holding(block, target) -> int | None:
-    for i, statement in enumerate(block):
-        if statement is target or any(n is target for n in walk(statement)):
-            return i
-    return None
-
-
-def _descendable(node, targets) -> bool:
-    """A compound statement whose main body holds all targets (not an `else` branch)."""
-    if isinstance(node, (cst.With, cst.For, cst.While)):
-        return True
-    if isinstance(node, cst.If):
-        return all(any(n is t for n in walk(node.body)) for t in targets)
-    return False
+    """(statements, first index, last index) of the deepest block holding all `targets`,
+    starting from the loop (or the micro-step loop); (None, 0, 0) when there is none."""
+    return edits.common_block(gate.node if gate.kind == "micro-loop" else loop.node, targets)
 
 
 def _conditional_context(ctx, loop, gate, block, first, last, no_sync: str):
@@ -259,7 +225,7 @@ def _conditional_context(ctx, loop, gate, block, first, last, no_sync: str):
             "no fix: the step condition cannot be evaluated before the forward (it reads a "
             "counter that changes in between); wrap the micro-step by hand"
         )
-    name, import_edit = _nullcontext(ctx)
+    name, import_edit = edits.stdlib_name(ctx, "contextlib", "nullcontext")
     no_sync = no_sync.replace("{nullcontext}", name)
     test, update_when_true = condition
     if update_when_true:
@@ -319,97 +285,3 @@ def _operand(node) -> str:
     text = code(node)
     atoms = (cst.Name, cst.Attribute, cst.Integer, cst.Call, cst.Subscript)
     return text if isinstance(node, atoms) or node.lpar else f"({text})"
-
-
-def _nullcontext(ctx):
-    """The spelling of `contextlib.nullcontext` in this module, and an import edit if none."""
-    aliases = ctx.model.imports.aliases
-    for local, full in aliases.items():
-        if full == "contextlib.nullcontext":
-            return local, None
-    for local, full in aliases.items():
-        if full == "contextlib":
-            return f"{local}.nullcontext", None
-    return "nullcontext", _import_edit(ctx)
-
-
-def _import_edit(ctx) -> Edit:
-    """`from contextlib import nullcontext` after the module's last top-level standard-library
-    import (where isort puts it), else above its first import."""
-    imports = [
-        statement
-        for statement in ctx.model.module.body
-        if isinstance(statement, cst.SimpleStatementLine)
-        and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body)
-    ]
-    stdlib = [s for s in imports if _stdlib(s.body[0])]
-    future = [s for s in imports if _module_of(s.body[0]) == "__future__"]
-    if stdlib or future:
-        line = ctx.span((stdlib or future)[-1])[1].line + 1
-    elif imports:
-        line = ctx.line_of(imports[0])
-    else:
-        line = 1
-    return Edit(Position(line, 0), Position(line, 0), "from contextlib import nullcontext\n")
-
-
-def _module_of(node) -> str:
-    if isinstance(node, cst.Import):
-        return dotted(node.names[0].name) or ""
-    return "" if node.relative or node.module is None else dotted(node.module) or ""
-
-
-def _stdlib(node) -> bool:
-    name = _module_of(node)
-    return name.split(".", 1)[0] in sys.stdlib_module_names and name != "__future__"
-
-
-def _rewritable(ctx, first, last) -> bool:
-    """Statements that start their own line and hold no multi-line string (re-indenting one
-    would change its value)."""
-    if ctx.lines[ctx.line_of(first) - 1][: ctx.span(first)[0].column].strip():
-        return False
-    for statement in (first, last):
-        for node in walk(statement):
-            if isinstance(node, (cst.SimpleString, cst.FormattedString)) and "\n" in code(node):
-                return False
-    return True
-
-
-def _wrap_lines(ctx, first, last, expr: str) -> Edit | None:
-    """Put the statements from `first` to `last` (same block) under `with <expr>:`."""
-    if not _rewritable(ctx, first, last):
-        return None
-    start, end = ctx.line_of(first), ctx.span(last)[1].line
-    indent = ctx.indentation(start)
-    body = _indented(ctx, start, end)
-    content = f"{indent}with {expr}:\n" + "\n".join(body)
-    return Edit(Position(start, 0), Position(end, len(ctx.lines[end - 1])), content)
-
-
-def _wrap_into_with(ctx, block, first, with_node, expr: str) -> Edit | None:
-    """Move the statements from `block[first]` up to `with_node` into its body, with the
-    header's context replaced by `expr` (comments on the header line are kept)."""
-    if not _rewritable(ctx, block[first], with_node) or not isinstance(
-        with_node.body, cst.IndentedBlock
-    ):
-        return None
-    start, header = ctx.line_of(block[first]), ctx.line_of(with_node)
-    body_first = ctx.line_of(with_node.body.body[0]) - len(with_node.body.body[0].leading_lines)
-    item_start, item_end = ctx.span(with_node.items[0].item)
-    if body_first != header + 1 or item_start.line != header or item_end.line != header:
-        return None  # a header spanning several lines
-    indent = ctx.indentation(start)
-    if ctx.indentation(header) != indent or ctx.indentation(body_first) != indent + ctx.indent_unit:
-        return None
-    text = ctx.lines[header - 1]
-    new_header = text[: item_start.column] + expr + text[item_end.column :]
-    end = ctx.span(with_node)[1].line
-    moved = _indented(ctx, start, header - 1)
-    lines = [new_header, *moved, *ctx.lines[body_first - 1 : end]]
-    return Edit(Position(start, 0), Position(end, len(ctx.lines[end - 1])), "\n".join(lines))
-
-
-def _indented(ctx, start: int, end: int) -> list[str]:
-    unit = ctx.indent_unit
-    return [(unit + text) if text.strip() else text for text in ctx.lines[start - 1 : end]]
