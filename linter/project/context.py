@@ -219,7 +219,7 @@ class Project:
     # the context of one file -------------------------------------------------------------
     def context(self, path: str, text: str) -> Context | None:
         """The file's context, or None when the project adds nothing to it."""
-        if not _inside(Path(path), self.root):
+        if not _inside(Path(path), self.root) or not _TRAINS.search(text):
             self.used[path] = []
             return None
         builder = _Builder(self, path, text)
@@ -236,6 +236,12 @@ class Project:
         return True
 
 
+# A file that trains: the facts of other modules are about a training step. A pipeline that
+# only samples (its scheduler's `.step(...)` in a loop) gains nothing from them but their cost.
+_TRAINS = re.compile(
+    r"backward\s*\(|zero_grad|no_sync|GradScaler|clip_grad|accumulat|scaler\s*\("
+    r"|DistributedSampler|DistributedDataParallel|\bDDP\s*\("
+)
 _CALLED = re.compile(r"(?<![\w.])([A-Za-z_][\w.]*)\s*\(")
 _IMPORTED = re.compile(rb"^[ \t]*(?:from|import)[ \t][^\n]*(?:\([^)]*\))?", re.M)
 
