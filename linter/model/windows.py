@@ -457,6 +457,8 @@ def _budgets(window: WindowGate) -> list[cst.BaseExpression]:
         if not isinstance(s.node, cst.Break) or s.loops()[-1] is not window.loop:
             continue
         for frame in s.frames_inside(window.loop):
+            if frame.node is window.gate.node:
+                continue  # the gate's own test counts micro-batches, it sets no budget
             if frame.kind in ("if", "exit") and frame.holds and frame.test is not None:
                 found.extend(_budget_sides(frame.test))
     return found
@@ -477,7 +479,12 @@ def _budget_sides(test: cst.BaseExpression) -> list[cst.BaseExpression]:
         counter, budget = right, left
     else:
         return []
-    return [budget] if not isinstance(counter, cst.BaseNumber) else []
+    if isinstance(counter, cst.BaseNumber) or any(
+        isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Modulo)
+        for n in walk(counter)
+    ):
+        return []  # `0 < x`, `step % log_every == 0`: no count run up to a budget
+    return [budget]
 
 
 def _sized_by_passes(model, budget: cst.BaseExpression, scope: Scope, depth: int = 0) -> bool:

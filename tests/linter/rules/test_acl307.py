@@ -601,6 +601,18 @@ def test_a_break_that_is_no_budget_does_not_end_the_pass(acl307, at):
                 opt.zero_grad()
     """
     assert acl307.findings(source) == [("ACL307", *at(source, "(i + 1) %"))]
+    in_the_gate = """
+    def train(model, opt, train_loader, accum_steps):
+        for i, (x, y) in enumerate(train_loader):
+            loss = model(x, y) / accum_steps
+            loss.backward()
+            if (i + 1) % accum_steps == 0:
+                opt.step()
+                opt.zero_grad()
+                if i % 100 == 0 and not loss.isfinite():
+                    break
+    """
+    assert acl307.findings(in_the_gate) == [("ACL307", *at(in_the_gate, "(i + 1) %"))]
 
 
 def test_a_plain_step_budget_over_one_pass(acl307):
