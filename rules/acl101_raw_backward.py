@@ -5,7 +5,7 @@ from rules._base import Rule
 RULE = Rule(
     code="ACL101",
     name="raw-backward",
-    summary="`loss.backward()` bypasses the engine's 1/N division and fp16 loss scaling",
+    summary="`loss.backward()` bypasses the engine's 1/K division and fp16 loss scaling",
     severity="error",
     fix="safe",
     runtime="full",
@@ -17,8 +17,8 @@ belongs to an Accelerator / guard engine, or to an enabled `GradScaler` that the
 (itself, or through a function of the module such as `def step(): scaler.step(opt)`).
 
 ## Why is this bad?
-`accelerator.backward(loss)` divides the loss by the accumulation steps N and, in fp16, scales it.
-A raw `loss.backward()` skips both: accumulated gradients are N times too large, and under fp16 the
+`accelerator.backward(loss)` divides the loss by the accumulation steps K and, in fp16, scales it.
+A raw `loss.backward()` skips both: accumulated gradients are K times too large, and under fp16 the
 first `scaler.step` fails on `_scale is None`, or (when only some backward calls are scaled) the
 unscaled contributions are divided by the loss scale and effectively vanish.
 
@@ -48,7 +48,7 @@ for batch in dl:
 
 ## Fix safety
 Safe. `loss.backward(**kw)` becomes `accelerator.backward(loss, **kw)` (or `engine.backward`), or
-`scaler.scale(loss).backward(**kw)` in a raw AMP loop. A manual division by N on the argument is
+`scaler.scale(loss).backward(**kw)` in a raw AMP loop. A manual division by K on the argument is
 removed by the same edit, so the result does not trigger ACL302. No fix for a list of losses
 (`torch.autograd.backward([l1, l2])` or a name bound to one).
 

@@ -27,9 +27,9 @@ turns `requires_grad` off, adapter wrappers (`get_peft_model`), casts after the 
 ## Why is this bad?
 fp16 parameters get fp16 gradients, and `GradScaler.unscale_` rejects them
 (`ValueError: Attempting to unscale FP16 gradients.`) at the first clip or step. Without a scaler
-the run goes on, but updates smaller than about 2^-11 of a weight round away, and adding N
+the run goes on, but updates smaller than about 2^-11 of a weight round away, and adding K
 micro-batch gradients into an fp16 or bf16 `.grad` loses low-order bits at every addition (bf16
-keeps only 8 significant bits), so precision loss grows with N.
+keeps only 8 significant bits), so precision loss grows with K.
 The first case is an error (the run stops at its first step); low-precision accumulation is a
 warning (precision is lost gradually, the run goes on).
 
@@ -58,6 +58,6 @@ No autofix: the cure is in how the model is loaded, and fp32 master weights chan
 
 ## At runtime
 At `prepare`, a parameter that requires grad and is float16 while the scaler is enabled raises
-ACL107; trainable fp16/bf16 parameters with N > 1 give a warning.
+ACL107; trainable fp16/bf16 parameters with K > 1 give a warning.
 """,
 )

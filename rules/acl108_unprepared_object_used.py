@@ -28,7 +28,7 @@ The objects returned by `prepare` do the gating: they step and zero only on sync
 `scaler.step` and `update` in fp16, and step the scheduler only after a real optimizer step. The
 original optimizer's `step()` skips all that: it updates on every micro-batch from a partial sum
 and, in fp16, applies S-times scaled gradients with no inf check. The original scheduler's
-`step()` advances on every micro-batch, compressing the schedule N-fold.
+`step()` advances on every micro-batch, compressing the schedule K-fold.
 
 ## Example
 ```python

@@ -1,11 +1,11 @@
-"""ACL301 missing-loss-division: a manual accumulation loop that sums N mean losses."""
+"""ACL301 missing-loss-division: a manual accumulation loop that sums K mean losses."""
 
 from rules._base import Rule
 
 RULE = Rule(
     code="ACL301",
     name="missing-loss-division",
-    summary="manual accumulation backpropagates undivided losses: gradients are N times too large",
+    summary="manual accumulation backpropagates undivided losses: gradients are K times too large",
     severity="error",
     fix="safe",
     runtime="heuristic",
@@ -33,8 +33,8 @@ that rescales its weight decay by the window's sample count (YOLO's
 `hyp["weight_decay"] *= batch_size * accumulate / nbs`).
 
 ## Why is this bad?
-Each micro-batch loss is already a mean, so backpropagating it undivided leaves the sum of N
-gradients in `.grad`: N times the gradient of the large-batch mean. For SGD that is an N-times
+Each micro-batch loss is already a mean, so backpropagating it undivided leaves the sum of K
+gradients in `.grad`: K times the gradient of the large-batch mean. For SGD that is an K-times
 learning rate. Adam mostly normalises the scale away, but clipping thresholds, the weight of a
 coupled L2 term and `eps` change meaning, and under fp16 the larger values overflow more often,
 so more steps are skipped.
@@ -43,8 +43,8 @@ so more steps are skipped.
 ```python
 for i, (x, y) in enumerate(dl):
     loss = crit(model(x), y)
-    loss.backward()                         # window sums N mean losses
-    if (i + 1) % N == 0 or i + 1 == len(dl):
+    loss.backward()                         # window sums K mean losses
+    if (i + 1) % K == 0 or i + 1 == len(dl):
         opt.step(); opt.zero_grad()
 ```
 
@@ -52,9 +52,9 @@ for i, (x, y) in enumerate(dl):
 ```python
 for i, (x, y) in enumerate(dl):
     loss = crit(model(x), y)
-    loss = loss / N
+    loss = loss / K
     loss.backward()
-    if (i + 1) % N == 0 or i + 1 == len(dl):
+    if (i + 1) % K == 0 or i + 1 == len(dl):
         opt.step(); opt.zero_grad()
 ```
 

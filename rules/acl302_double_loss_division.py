@@ -1,11 +1,11 @@
-"""ACL302 double-loss-division: dividing by N by hand before a backward that divides by N."""
+"""ACL302 double-loss-division: dividing by K by hand before a backward that divides by K."""
 
 from rules._base import Rule
 
 RULE = Rule(
     code="ACL302",
     name="double-loss-division",
-    summary="manual `/ N` before an engine backward that divides again: gradients N× too small",
+    summary="manual `/ K` before an engine backward that divides again: gradients K× too small",
     severity="error",
     fix="safe",
     runtime="heuristic",
@@ -25,10 +25,10 @@ used only for logging, a division in a branch that does not reach this backward,
 of Fabric and Lightning's `manual_backward`, which do not divide.
 
 ## Why is this bad?
-Those backward calls already divide by N. Dividing by hand as well weights each micro-batch by
-1/N², so gradients are N times too small: with SGD the learning rate is effectively divided by N;
-with Adam mostly `eps` and clipping change (a fixed `max_norm` becomes N times looser). A loss
-logged after the division also reads N times too small.
+Those backward calls already divide by K. Dividing by hand as well weights each micro-batch by
+1/K², so gradients are K times too small: with SGD the learning rate is effectively divided by K;
+with Adam mostly `eps` and clipping change (a fixed `max_norm` becomes K times looser). A loss
+logged after the division also reads K times too small.
 
 ## Example
 ```python
@@ -62,7 +62,7 @@ without a fix and names the line to edit. ACL101's fix judges a division by K th
 raw backward of a divided loss is fixed with the division removed exactly once.
 
 ## At runtime
-Heuristic: `engine.backward` looks at `loss.grad_fn`, and a root division by N (or multiplication
-by 1/N) gives an ACL302 warning. It is not an error, because a divisor can equal N by coincidence.
+Heuristic: `engine.backward` looks at `loss.grad_fn`, and a root division by K (or multiplication
+by 1/K) gives an ACL302 warning. It is not an error, because a divisor can equal K by coincidence.
 """,
 )

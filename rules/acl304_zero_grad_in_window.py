@@ -22,10 +22,10 @@ the step gate of the loop that calls it, and reported without a fix (the step is
 
 ## Why is this bad?
 Zeroing inside the window throws away what has been accumulated. A manual loop that zeroes every
-iteration keeps only the last micro-batch, and with loss / N the step uses 1/N of its gradient:
-the effective batch is one micro-batch and SGD's learning rate shrinks to 1/N. Under Accelerate
+iteration keeps only the last micro-batch, and with loss / K the step uses 1/K of its gradient:
+the effective batch is one micro-batch and SGD's learning rate shrinks to 1/K. Under Accelerate
 the prepared `zero_grad()` only acts on sync steps, but the sync flag is already set when the last
-micro-step's block is entered, so a `zero_grad()` at the top of the block wipes the N - 1 earlier
+micro-step's block is entered, so a `zero_grad()` at the top of the block wipes the K - 1 earlier
 micro-batches all the same.
 
 ## Example
@@ -59,7 +59,7 @@ window, and paths that skip the step (such as `continue` on a bad batch) now car
 into the next window.
 
 ## At runtime
-The guard wraps `zero_grad`: a call while the window holds 1 to N - 1 completed micro-steps whose
+The guard wraps `zero_grad`: a call while the window holds 1 to K - 1 completed micro-steps whose
 gradients no step has consumed (counted per parameter with `register_post_accumulate_grad_hook`)
 raises ACL304, unless those gradients hold inf/NaN (dropping a poisoned window is deliberate).
 """,

@@ -5,7 +5,7 @@ from rules._base import Rule
 RULE = Rule(
     code="ACL305",
     name="ungated-scheduler-step",
-    summary="`sched.step()` outside the optimizer-step branch: the schedule runs N times too fast",
+    summary="`sched.step()` outside the optimizer-step branch: the schedule runs K times too fast",
     severity="error",
     fix="safe",
     runtime="full",
@@ -36,8 +36,8 @@ scheduler, so by default it lints clean.
 
 ## Why is this bad?
 (a) In a manual accumulation loop, a scheduler stepped outside the step branch moves once per
-micro-batch, so the schedule runs N times too fast: warm-up is N times shorter and a cosine reaches
-its floor after 1/N of training. (b) An fp16 scaler skips the optimizer on inf/NaN; stepping the
+micro-batch, so the schedule runs K times too fast: warm-up is K times shorter and a cosine reaches
+its floor after 1/K of training. (b) An fp16 scaler skips the optimizer on inf/NaN; stepping the
 scheduler anyway shifts the schedule by one position per skipped step (and triggers torch's
 scheduler-before-optimizer warning when the very first step is skipped), and an EMA updated on a
 skipped step averages in a non-update.
@@ -45,8 +45,8 @@ skipped step averages in a non-update.
 ## Example
 ```python
 for i, (x, y) in enumerate(dl):
-    (crit(model(x), y) / N).backward()
-    if (i + 1) % N == 0 or i + 1 == len(dl):
+    (crit(model(x), y) / K).backward()
+    if (i + 1) % K == 0 or i + 1 == len(dl):
         opt.step(); opt.zero_grad()
     sched.step()                            # every micro-batch
 ```
@@ -54,8 +54,8 @@ for i, (x, y) in enumerate(dl):
 ## Use instead
 ```python
 for i, (x, y) in enumerate(dl):
-    (crit(model(x), y) / N).backward()
-    if (i + 1) % N == 0 or i + 1 == len(dl):
+    (crit(model(x), y) / K).backward()
+    if (i + 1) % K == 0 or i + 1 == len(dl):
         opt.step(); opt.zero_grad()
         sched.step()
 ```

@@ -5,7 +5,7 @@ from rules._base import Rule
 RULE = Rule(
     code="ACL306",
     name="accumulate-context-missing",
-    summary="accumulation configured but `accumulate()` never entered: a 1/N step on every batch",
+    summary="accumulation configured but `accumulate()` never entered: a 1/K step on every batch",
     severity="error",
     fix="unsafe",
     runtime="full",
@@ -21,10 +21,10 @@ block in its own function or in a caller that calls it from one; a loop that cal
 helper entering `accumulate()`; a loop that gates its optimizer step on K itself.
 
 ## Why is this bad?
-`accelerator.backward` divides every loss by N, but only `accumulate()` advances the micro-step
-counter. Without it `sync_gradients` stays true, so the optimizer steps on every batch with 1/N of
-the true gradient. Nothing is accumulated, SGD's effective learning rate is divided by N, and the
-run takes N times more optimizer steps than its schedule was sized for.
+`accelerator.backward` divides every loss by K, but only `accumulate()` advances the micro-step
+counter. Without it `sync_gradients` stays true, so the optimizer steps on every batch with 1/K of
+the true gradient. Nothing is accumulated, SGD's effective learning rate is divided by K, and the
+run takes K times more optimizer steps than its schedule was sized for.
 
 ## Example
 ```python
@@ -50,13 +50,13 @@ for batch in dl:
 ## Fix safety
 Unsafe. The loop body, from the statement that runs the loss's model to the last optimizer,
 scheduler or clipping call, is wrapped in `with <engine>.accumulate(<prepared models of the
-loss>):`. The number of optimizer steps then drops N-fold, which changes scheduler progress and any
+loss>):`. The number of optimizer steps then drops K-fold, which changes scheduler progress and any
 logging, evaluation or checkpoint cadence keyed on iterations. No fix when the backward is in a
 per-batch function, when no prepared model of the loss is visible, or when re-indenting would change
 a multi-line string.
 
 ## At runtime
-The engine counts micro-steps; with N > 1, the first backward outside any accumulate window raises
+The engine counts micro-steps; with K > 1, the first backward outside any accumulate window raises
 ACL306.
 """,
 )

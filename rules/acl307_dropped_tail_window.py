@@ -1,4 +1,4 @@
-"""ACL307 dropped-tail-window: the last len(dl) % N micro-batches of an epoch never step."""
+"""ACL307 dropped-tail-window: the last len(dl) % K micro-batches of an epoch never step."""
 
 from rules._base import Rule
 
@@ -35,18 +35,18 @@ The message counts what the gate leaves after its last update of a pass: `len(dl
 `i % K == 0`, one more when the gate runs before the batch's backward.
 
 ## Why is this bad?
-When len(dl) % N = r is not 0, the last r micro-batches of each epoch do not reach the optimizer in
+When len(dl) % K = r is not 0, the last r micro-batches of each epoch do not reach the optimizer in
 that epoch. Since `zero_grad` is gated too, their gradients stay in `.grad` and join the next
-epoch's first window (N + r micro-batches, weight (N + r)/N); in the final epoch they are lost, and
-with N > len(dl) nothing ever steps. Frameworks that flush the tail, Accelerate included, still
-divide it by N, so it counts r/N of a full window.
+epoch's first window (K + r micro-batches, weight (K + r)/K); in the final epoch they are lost, and
+with K > len(dl) nothing ever steps. Frameworks that flush the tail, Accelerate included, still
+divide it by K, so it counts r/K of a full window.
 
 ## Example
 ```python
 for epoch in range(epochs):
     for i, (x, y) in enumerate(dl):
-        (crit(model(x), y) / N).backward()
-        if (i + 1) % N == 0:
+        (crit(model(x), y) / K).backward()
+        if (i + 1) % K == 0:
             opt.step(); opt.zero_grad()
 ```
 
@@ -54,15 +54,15 @@ for epoch in range(epochs):
 ```python
 for epoch in range(epochs):
     for i, (x, y) in enumerate(dl):
-        (crit(model(x), y) / N).backward()
-        if (i + 1) % N == 0 or i + 1 == len(dl):
+        (crit(model(x), y) / K).backward()
+        if (i + 1) % K == 0 or i + 1 == len(dl):
             opt.step(); opt.zero_grad()
 ```
 
 ## Fix safety
 Unsafe. `or <index> + 1 == len(<loader>)` is appended to the gate. That adds an optimizer step per
-epoch (changing schedule progress and step-based logging), and the tail is still divided by N
-(weight r/N, as in Accelerate). Never offered for a loader that may have no `len` (no finding
+epoch (changing schedule progress and step-based logging), and the tail is still divided by K
+(weight r/K, as in Accelerate). Never offered for a loader that may have no `len` (no finding
 there), nor when the loop does not `enumerate` the loader or the gate runs before the backward.
 
 ## At runtime
@@ -72,7 +72,7 @@ passes than the optimizer's usual window (the tail leaked into it), an error at 
 throws it away, a warning at exit if the run ends with it still in `.grad`. A window that still
 completes with the usual number of passes spanned the pass end on purpose (nanoGPT's `while` loop
 over `next(iter(loader))`, a counter kept across epochs) and is not reported. The engine itself
-always flushes the tail (divided by N, as Accelerate does) and prints its r/N weight once as a
+always flushes the tail (divided by K, as Accelerate does) and prints its r/K weight once as a
 note on stderr (not a finding: `Engine(tail="exact")` weights it as a full batch).
 """,
 )

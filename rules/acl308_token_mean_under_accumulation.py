@@ -33,9 +33,9 @@ the targets are not masked afterwards and nothing in the module pads batches; a 
 ## Why is this bad?
 The large-batch objective of a token-level loss is the sum of the token losses divided by the
 number T of valid tokens in the whole window (across all ranks). A mean within each micro-batch,
-then averaged over N micro-batches and W ranks, gives a token of micro-batch i the weight
-1/(N·T_i) instead of 1/T, so tokens of short, heavily padded micro-batches count more. The gradient
-is biased, the bias grows with the spread of the T_i and with N and W, and the logged loss is off
+then averaged over K micro-batches and W ranks, gives a token of micro-batch i the weight
+1/(K·T_i) instead of 1/T, so tokens of short, heavily padded micro-batches count more. The gradient
+is biased, the bias grows with the spread of the T_i and with K and W, and the logged loss is off
 too. It is reported as a warning because the bias depends on the data: equal-length or packed
 batches have none.
 
@@ -43,13 +43,13 @@ batches have none.
 ```python
 import torch.nn.functional as F
 from accelerate import Accelerator
-accelerator = Accelerator(gradient_accumulation_steps=N)
+accelerator = Accelerator(gradient_accumulation_steps=K)
 model, opt, dl = accelerator.prepare(model, opt, dl)
 for batch in dl:
     with accelerator.accumulate(model):
         logits = model(batch["input_ids"]).logits.flatten(0, 1)
         loss = F.cross_entropy(logits, batch["labels"].flatten(), ignore_index=-100)
-        accelerator.backward(loss)              # per-micro-batch mean, then /N
+        accelerator.backward(loss)              # per-micro-batch mean, then /K
         opt.step(); opt.zero_grad()
 ```
 
@@ -57,15 +57,15 @@ for batch in dl:
 ```python
 import torch.nn.functional as F
 from accelerate import Accelerator
-accelerator = Accelerator(gradient_accumulation_steps=N)
+accelerator = Accelerator(gradient_accumulation_steps=K)
 model, opt, dl = accelerator.prepare(model, opt, dl)
-# window: the N batches of this optimizer step, fetched up front (labels pre-shifted)
+# window: the K batches of this optimizer step, fetched up front (labels pre-shifted)
 n_tok = accelerator.gather(sum((b["labels"] != -100).sum() for b in window)).sum()
 for b in window:
     with accelerator.accumulate(model):
         logits = model(b["input_ids"]).logits.flatten(0, 1)
         s = F.cross_entropy(logits, b["labels"].flatten(), reduction="sum")
-        accelerator.backward(s * N * accelerator.num_processes / n_tok)  # undo /N and DDP's mean
+        accelerator.backward(s * K * accelerator.num_processes / n_tok)  # undo /K and DDP's mean
         opt.step(); opt.zero_grad()
 ```
 

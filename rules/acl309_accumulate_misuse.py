@@ -25,11 +25,11 @@ parameters whose callers pass one) are tracked; a loader of unknown origin is no
 
 ## Why is this bad?
 The micro-step counter ticks once per `accumulate()` entry. (a) One entry per model ticks it twice
-per batch: with N = 4 the second context syncs every 2 batches (each step carries 2/4 of the
+per batch: with K = 4 the second context syncs every 2 batches (each step carries 2/4 of the
 intended gradient), the first syncs only on the loader's last batch, and under DDP the first
-model's forward always runs under `no_sync`, so its replicas drift apart. (b) k forward/backward
-pairs in one entry count as one micro-step, so a window spans k·N backwards and the gradient is
-k times the intended mean. (c) Over an unprepared loader, a manual `next()` loop or an early
+model's forward always runs under `no_sync`, so its replicas drift apart. (b) m forward/backward
+pairs in one entry count as one micro-step, so a window spans m·K backwards and the gradient is
+m times the intended mean. (c) Over an unprepared loader, a manual `next()` loop or an early
 `break`, the end-of-loader flush never fires and windows straddle epochs; a loader loop nested in
 the last outer batch syncs on every inner step.
 

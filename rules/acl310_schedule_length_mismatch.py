@@ -5,7 +5,7 @@ from rules._base import Rule
 RULE = Rule(
     code="ACL310",
     name="schedule-length-mismatch",
-    summary="scheduler length ignores world size or accumulation: it ends W× early or N× late",
+    summary="scheduler length ignores world size or accumulation: it ends W× early or K× late",
     severity="error",
     fix="none",
     runtime="heuristic",
@@ -38,14 +38,14 @@ With `split_batches=False` (the default) a prepared scheduler steps W times per 
 because Accelerate expects its length in global batches, counted on the unprepared loader. Sized
 from the prepared per-process loader, it runs W times too fast: warm-up is W times shorter and the
 decay ends after 1/W of training. Sized in micro-batches instead of optimizer steps under
-accumulation, it runs N times too slow and never reaches its end. The two errors can cancel or
+accumulation, it runs K times too slow and never reaches its end. The two errors can cancel or
 compound.
 
 ## Example
 ```python
 from accelerate import Accelerator
 from transformers import get_linear_schedule_with_warmup
-accelerator = Accelerator(gradient_accumulation_steps=N)
+accelerator = Accelerator(gradient_accumulation_steps=K)
 model, opt, dl = accelerator.prepare(model, opt, dl)
 sched = get_linear_schedule_with_warmup(opt, 500, len(dl) * epochs)   # per-process micro-batches
 sched = accelerator.prepare(sched)          # stepped W times per update
@@ -56,8 +56,8 @@ sched = accelerator.prepare(sched)          # stepped W times per update
 import math
 from accelerate import Accelerator
 from transformers import get_linear_schedule_with_warmup
-accelerator = Accelerator(gradient_accumulation_steps=N)
-steps = math.ceil(len(dl) / N) * epochs     # dl not prepared yet: global batches
+accelerator = Accelerator(gradient_accumulation_steps=K)
+steps = math.ceil(len(dl) / K) * epochs     # dl not prepared yet: global batches
 sched = get_linear_schedule_with_warmup(opt, 500 * accelerator.num_processes, steps)
 model, opt, dl, sched = accelerator.prepare(model, opt, dl, sched)
 ```

@@ -5,7 +5,7 @@ from rules._base import Rule
 RULE = Rule(
     code="ACL311",
     name="weight-decay-scaled-by-accumulation",
-    summary="`weight_decay` scaled by the accumulation steps: regularisation N× off the reference",
+    summary="`weight_decay` scaled by the accumulation steps: regularisation K× off the reference",
     severity="warning",
     fix="none",
     runtime="none",
@@ -22,15 +22,15 @@ to, multiplies or divides by an expression that spells K (`args.grad_accum`, `se
 Accumulation exists to reproduce one optimizer step on the large batch, so every hyperparameter of
 that step should stay as it is. torch optimizers apply weight decay inside `step()`: decoupled
 decay (AdamW) once per step, coupled decay (`weight_decay` of SGD/Adam) once on the already
-averaged gradient. Neither depends on how many micro-batches built the gradient, so scaling λ by N
-makes regularisation N times stronger or weaker than in the large-batch run. It is a warning
+averaged gradient. Neither depends on how many micro-batches built the gradient, so scaling λ by K
+makes regularisation K times stronger or weaker than in the large-batch run. It is a warning
 because a deliberately tuned λ is the user's call.
 
 ## Example
 ```python
 import torch
 opt = torch.optim.AdamW(model.parameters(), lr=3e-4,
-                        weight_decay=0.1 * args.grad_accum)    # decay N x stronger
+                        weight_decay=0.1 * args.grad_accum)    # decay K x stronger
 ```
 
 ## Use instead

@@ -21,25 +21,25 @@ window and is counted that way. Counters advanced on the update step (they count
 steps) and counters whose start is not a literal are left alone.
 
 ## Why is this bad?
-`if step % N == 0:` over a 0-based `enumerate` fires after the very first micro-batch, so the first
-update uses 1 micro-batch (1/N of a window) and every later window is shifted; `(step + 1) % N`
-over a counter that already starts at 1 errs the other way. With a loss divided by N the first
-update is N times too small, and the last batches of the epoch fall into a window that never
+`if step % K == 0:` over a 0-based `enumerate` fires after the very first micro-batch, so the first
+update uses 1 micro-batch (1/K of a window) and every later window is shifted; `(step + 1) % K`
+over a counter that already starts at 1 errs the other way. With a loss divided by K the first
+update is K times too small, and the last batches of the epoch fall into a window that never
 steps.
 
 ## Example
 ```python
 for step, (x, y) in enumerate(dl):
-    (crit(model(x), y) / N).backward()
-    if step % N == 0 or step + 1 == len(dl):        # fires after the first batch
+    (crit(model(x), y) / K).backward()
+    if step % K == 0 or step + 1 == len(dl):        # fires after the first batch
         opt.step(); opt.zero_grad()
 ```
 
 ## Use instead
 ```python
 for step, (x, y) in enumerate(dl):
-    (crit(model(x), y) / N).backward()
-    if (step + 1) % N == 0 or step + 1 == len(dl):
+    (crit(model(x), y) / K).backward()
+    if (step + 1) % K == 0 or step + 1 == len(dl):
         opt.step(); opt.zero_grad()
 ```
 

@@ -22,7 +22,7 @@ A K that is only printed or logged (also through a name read only by log calls) 
 
 ## Why is this bad?
 The setting is parsed and used to compute the effective batch size, the number of training steps
-or the learning rate, but the loop steps on every micro-batch. The schedule is then N times too
+or the learning rate, but the loop steps on every micro-batch. The schedule is then K times too
 short, or the learning rate is scaled for a batch that never exists.
 
 ## Example

@@ -48,9 +48,9 @@ a loop (`for block in model.layers: fully_shard(block)`) are units of the model,
 their own.
 
 ## Why is this bad?
-DDP all-reduces gradients in every backward unless the forward ran under `no_sync()`. With N-step
-accumulation, N - 1 of those all-reduces per optimizer step are wasted. The math is the same
-(averaging is linear), but communication grows N-fold, which in one multi-node measurement made
+DDP all-reduces gradients in every backward unless the forward ran under `no_sync()`. With K-step
+accumulation, K - 1 of those all-reduces per optimizer step are wasted. The math is the same
+(averaging is linear), but communication grows K-fold, which in one multi-node measurement made
 training about 2× slower. Putting only `backward()` under `no_sync()` does nothing, because DDP
 reads the flag during the forward.
 
@@ -59,8 +59,8 @@ reads the flag during the forward.
 from torch.nn.parallel import DistributedDataParallel as DDP
 ddp_model = DDP(model, device_ids=[rank])
 for i, (x, y) in enumerate(dl):
-    last = (i + 1) % N == 0 or i + 1 == len(dl)
-    loss = crit(ddp_model(x), y) / N
+    last = (i + 1) % K == 0 or i + 1 == len(dl)
+    loss = crit(ddp_model(x), y) / K
     with ddp_model.no_sync():               # too late: forward already ran
         loss.backward()
     if last: opt.step(); opt.zero_grad()
@@ -72,9 +72,9 @@ from contextlib import nullcontext
 from torch.nn.parallel import DistributedDataParallel as DDP
 ddp_model = DDP(model, device_ids=[rank])
 for i, (x, y) in enumerate(dl):
-    last = (i + 1) % N == 0 or i + 1 == len(dl)
+    last = (i + 1) % K == 0 or i + 1 == len(dl)
     with nullcontext() if last else ddp_model.no_sync():
-        loss = crit(ddp_model(x), y) / N
+        loss = crit(ddp_model(x), y) / K
         loss.backward()
     if last: opt.step(); opt.zero_grad()
 ```

@@ -25,7 +25,7 @@ step.
 The gradients of the DDP model are never all-reduced on the steps that count, so the replicas
 silently drift apart. Typical causes: the forward goes through `model.module(...)`, the unwrapped
 module that bypasses DDP's hooks; `require_backward_grad_sync` is set from an expression that stays
-false (such as `micro_step == N - 1` with a counter that never gets there); or `no_sync()` also
+false (such as `micro_step == K - 1` with a counter that never gets there); or `no_sync()` also
 covers the micro-step that steps.
 
 ## Example

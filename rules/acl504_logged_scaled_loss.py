@@ -1,11 +1,11 @@
-"""ACL504 logged-scaled-loss: logging a loss that was divided by N or multiplied by the scale."""
+"""ACL504 logged-scaled-loss: logging a loss that was divided by K or multiplied by the scale."""
 
 from rules._base import Rule
 
 RULE = Rule(
     code="ACL504",
     name="logged-scaled-loss",
-    summary="the logged loss is divided by N or multiplied by the loss scale",
+    summary="the logged loss is divided by K or multiplied by the loss scale",
     severity="warning",
     fix="none",
     runtime="none",
@@ -27,11 +27,11 @@ the undivided loss on every micro-step of a manual accumulation window (also int
 sum, `running += loss.item()`): not on the update step or under a step or log-interval
 condition, where one sync per window or less is the right cadence. Not flagged: a value
 multiplied back by K, window sums of the divided parts (`window += loss.item()`,
-`window_sum / N`), and the loss of `accelerator.backward` (the engine divides a copy;
+`window_sum / K`), and the loss of `accelerator.backward` (the engine divides a copy;
 `accelerator.gather(loss)` too).
 
 ## Why is this bad?
-The number in the logs is not the training objective. After a manual `/ N` it is N times too small
+The number in the logs is not the training objective. After a manual `/ K` it is K times too small
 (so runs with accumulation look better than runs without); after `scaler.scale` it is S times too
 large (values in the millions); logging only the last micro-batch of a window is a noisy
 single-batch estimate; and `.item()` on every micro-step forces a device-to-host sync each time,
@@ -40,10 +40,10 @@ which slows training. Training itself is unaffected, hence a warning.
 ## Example
 ```python
 for i, (x, y) in enumerate(dl):
-    loss = crit(model(x), y) / N
+    loss = crit(model(x), y) / K
     loss.backward()
-    writer.add_scalar("train/loss", loss.item(), i)     # N x too small, syncs every micro-step
-    if (i + 1) % N == 0 or i + 1 == len(dl):
+    writer.add_scalar("train/loss", loss.item(), i)     # K x too small, syncs every micro-step
+    if (i + 1) % K == 0 or i + 1 == len(dl):
         opt.step(); opt.zero_grad()
 ```
 
@@ -54,10 +54,10 @@ window_sum = torch.zeros(())
 for i, (x, y) in enumerate(dl):
     loss = crit(model(x), y)
     window_sum += loss.detach()                          # stays on the device
-    (loss / N).backward()
-    if (i + 1) % N == 0 or i + 1 == len(dl):
+    (loss / K).backward()
+    if (i + 1) % K == 0 or i + 1 == len(dl):
         opt.step(); opt.zero_grad()
-        writer.add_scalar("train/loss", (window_sum / N).item(), i)
+        writer.add_scalar("train/loss", (window_sum / K).item(), i)
         window_sum = torch.zeros_like(window_sum)
 ```
 
