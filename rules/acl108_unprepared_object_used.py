@@ -24,7 +24,7 @@ step is gated on `sync_gradients`, or the schedule's length is counted in micro-
 `opt.state_dict()`), using it before the prepare, and epoch-level schedulers are left alone.
 
 ## Why is this bad?
-The objects returned by `prepare` do the gating: they step and zero only on sync steps, go through
+The objects returned by `prepare` do the gating: they step and zero only on update steps, go through
 `scaler.step` and `update` in fp16, and step the scheduler only after a real optimizer step. The
 original optimizer's `step()` skips all that: it updates on every micro-batch from a partial sum
 and, in fp16, applies S-times scaled gradients with no inf check. The original scheduler's
@@ -61,7 +61,7 @@ never prepared gets no fix: adding it to `prepare` would also change how often i
 
 ## At runtime
 At `prepare` the guard patches the inner optimizer's and scheduler's `step`; a call that does not
-come through the engine's wrapper raises ACL108. At each sync step it also compares
+come through the engine's wrapper raises ACL108. At each update step it also compares
 `scheduler.last_epoch` with the engine's optimizer-step count.
 """,
 )

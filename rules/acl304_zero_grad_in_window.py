@@ -24,7 +24,7 @@ the step gate of the loop that calls it, and reported without a fix (the step is
 Zeroing inside the window throws away what has been accumulated. A manual loop that zeroes every
 iteration keeps only the last micro-batch, and with loss / K the step uses 1/K of its gradient:
 the effective batch is one micro-batch and SGD's learning rate shrinks to 1/K. Under Accelerate
-the prepared `zero_grad()` only acts on sync steps, but the sync flag is already set when the last
+the prepared `zero_grad()` only acts on update steps, but the sync flag is already set when the last
 micro-step's block is entered, so a `zero_grad()` at the top of the block wipes the K - 1 earlier
 micro-batches all the same.
 
@@ -35,7 +35,7 @@ accelerator = Accelerator(gradient_accumulation_steps=4)
 model, opt, dl = accelerator.prepare(model, opt, dl)
 for batch in dl:
     with accelerator.accumulate(model):
-        opt.zero_grad()                 # wipes the window on the sync step
+        opt.zero_grad()                 # wipes the window on the update step
         accelerator.backward(model(**batch).loss)
         opt.step()
 ```

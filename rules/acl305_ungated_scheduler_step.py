@@ -5,7 +5,7 @@ from rules._base import Rule
 RULE = Rule(
     code="ACL305",
     name="ungated-scheduler-step",
-    summary="`sched.step()` outside the optimizer-step branch: the schedule runs K times too fast",
+    summary="`sched.step()` outside the update-step branch: the schedule runs K times too fast",
     severity="error",
     fix="safe",
     runtime="full",
@@ -35,7 +35,7 @@ GradScaler that may be enabled (variant b). That is the shape of PyTorch's AMP r
 scheduler, so by default it lints clean.
 
 ## Why is this bad?
-(a) In a manual accumulation loop, a scheduler stepped outside the step branch moves once per
+(a) In a manual accumulation loop, a scheduler stepped outside the update-step branch moves once per
 micro-batch, so the schedule runs K times too fast: warm-up is K times shorter and a cosine reaches
 its floor after 1/K of training. (b) An fp16 scaler skips the optimizer on inf/NaN; stepping the
 scheduler anyway shifts the schedule by one position per skipped step (and triggers torch's

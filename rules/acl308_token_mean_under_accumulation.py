@@ -76,7 +76,7 @@ offered as advice only.
 ## At runtime
 Heuristic, with a measured bias: the engine follows the loss graph to its `NllLossBackward0` node,
 reads whether it is a mean and that micro-batch's valid-token count T_i, gathers the window's T_i
-across ranks at the sync step and reports ACL308 when max_i |mean(T)/T_i - 1| exceeds a
+across ranks at the update step and reports ACL308 when max_i |mean(T)/T_i - 1| exceeds a
 configurable threshold. A sum-reduced loss passed with the window's item count is normalised by
 the engine and raises nothing.
 """,

@@ -44,7 +44,7 @@ come from.
 
 ## At runtime
 `engine.backward` records whether the loss is finite as a device-side flag that is read at the sync
-step, so there is no host sync per micro-step. At the sync step, before the optimizer runs and
+step, so there is no host sync per micro-step. At the update step, before the optimizer runs and
 when no scaler is active, the total gradient norm (computed anyway for clipping) is checked for
 inf/NaN. In fp16 a non-finite unscaled loss is reported apart from scaler overflows (a NaN that
 enters the loss only through scaled gradients, as in the gradient-penalty recipe, is an overflow).

@@ -5,7 +5,7 @@ before it runs. Plain loops have no sync flag, so the window shows it: gradients
 unscaled) and then another backward adds to them before any optimizer step. That is reported
 right after that backward: still before the step, and before torch's "unscale_() has already
 been called" error in fp16; a second `unscale_` with no step since the first (a zero_grad between
-them) is reported before torch raises. The engine's own `clip_grad_norm_` off the sync step is
+them) is reported before torch raises. The engine's own `clip_grad_norm_` off the update step is
 judged by `off_sync`, as a prepared optimizer's.
 """
 

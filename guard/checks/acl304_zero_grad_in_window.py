@@ -3,7 +3,7 @@
 A zero_grad is a discard when a backward reached the optimizer since its last step and no
 optimizer at all stepped after that backward (a GAN's `opt_d.zero_grad()` clearing what the
 generator's backward left in D is not a discard: `opt_g.step()` consumed that backward). Prepared
-optimizers only really zero on sync steps, so there the discard is reported at once. In plain
+optimizers only really zero on update steps, so there the discard is reported at once. In plain
 loops a single discard before the first step is allowed (a sanity-check backward followed by
 zero_grad); the second one, or any after training started, raises before the window is lost.
 `model.zero_grad()` on a model in eval mode clears evaluation-time gradients (saliency maps),

@@ -191,7 +191,7 @@ class EngineTokenMeans:
     token counts.
 
     Each backward's mean-reduced NLL node gives that micro-batch's valid-token count T_i (a
-    tensor, no host read); at the sync step the counts of all ranks are gathered and the bias
+    tensor, no host read); at the update step the counts of all ranks are gathered and the bias
     max_i |mean(T) / T_i - 1| is reported above `token_bias` (the guard's option, default 0.25).
     """
 
@@ -206,7 +206,7 @@ class EngineTokenMeans:
             self._counts.append(count)
 
     def check(self, world: int) -> None:
-        """Once per sync step. With W > 1 every rank enters the gather, whatever it saw (a
+        """Once per update step. With W > 1 every rank enters the gather, whatever it saw (a
         collective entered by some ranks only would pair with the next one, or hang)."""
         counts, calls = self._counts, self._calls
         self._counts, self._calls = [], 0

@@ -10,7 +10,7 @@ second backward, and at the entry.
 (d) under DDP, DDP models whose forwards in one micro-step (since the last backward) with an
 accumulate() entry disagree on `require_backward_grad_sync`: a model left out of the entry (a
 GAN's or a two-tower loop's second model) all-reduces on every micro-step, and one kept under
-no_sync() on the sync step never syncs. Reported at the disagreeing forward, before its backward.
+no_sync() on the update step never syncs. Reported at the disagreeing forward, before its backward.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def _report_second_backward(states, k: int) -> None:
 
 
 def _mark_left_out(tracker, flags) -> None:
-    """The optimizers of the models that all-reduce off the sync step: ACL401 leaves their
+    """The optimizers of the models that all-reduce off the update step: ACL401 leaves their
     window to this finding."""
     for sync, _name, module in flags:
         for st in tracker.owners(first_params(module)) if sync else []:
@@ -117,10 +117,10 @@ def _mark_left_out(tracker, flags) -> None:
 
 
 def _report_mixed_sync(accelerator, flags) -> None:
-    """An error when a model waits on the sync step (its replicas diverge); a warning otherwise.
+    """An error when a model waits on the update step (its replicas diverge); a warning otherwise.
 
     A model left out of `accumulate()` all-reduces on every micro-step: correct numbers, wasted
-    communication. A model kept under `no_sync()` on the sync step never syncs that window.
+    communication. A model kept under `no_sync()` on the update step never syncs that window.
     """
     calls = ", ".join(
         f"model {i} ({name}) {'all-reduces in its backward' if sync else 'waits under no_sync()'}"
@@ -129,7 +129,7 @@ def _report_mixed_sync(accelerator, flags) -> None:
     n = accelerator.gradient_accumulation_steps
     if accelerator.sync_gradients:
         consequence = (
-            "this is the sync step, so the waiting model's replicas keep their local gradients "
+            "this is the update step, so the waiting model's replicas keep their local gradients "
             "and diverge"
         )
     else:

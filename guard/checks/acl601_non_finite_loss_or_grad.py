@@ -291,7 +291,7 @@ def _clear_gradients(optimizer) -> None:
 
 class EngineLosses:
     """The engine's case, while the guard is not installed (installed, the checks above see
-    every backward): a non-finite loss in the window, read once at the sync step (one host
+    every backward): a non-finite loss in the window, read once at the update step (one host
     read)."""
 
     def __init__(self) -> None:

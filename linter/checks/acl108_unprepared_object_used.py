@@ -53,7 +53,7 @@ def _effect(role: str, calls) -> str:
         return "it zeroes the gradients on every micro-batch, so nothing accumulates"
     return (
         "the optimizer updates on every micro-batch from a partial gradient sum instead of on "
-        "sync steps (and in fp16 skips the loss scaler's unscale and inf check)"
+        "update steps (and in fp16 skips the loss scaler's unscale and inf check)"
     )
 
 

@@ -195,7 +195,7 @@ def _step_anchor(model, loop, gate, run):
         for _, w in windows.window_gates(model)
     )  # ACL307 adds a last-batch clause, ACL312 shifts an off-by-one test
     if under_own:
-        # under a condition of its own (`if args.fp16:`) it cannot move into the step branch;
+        # under a condition of its own (`if args.fp16:`) it cannot move into the update-step branch;
         # a gate copied in place that would read other values than the step's: no fix
         return _STAYS if read & written or divided else None
     return steps[0] if read & written or divided or rewritten else None
@@ -252,7 +252,7 @@ def _report_run(ctx, run, anchor=None, unit=None, configs=None) -> None:
         pass
     elif anchor is not None:
         edits = moves.move_before(ctx, [s.stmt for s, _, _ in run], anchor)
-        fix = make_fix("Move it into the optimizer-step branch", *(edits or []))
+        fix = make_fix("Move it into the update-step branch", *(edits or []))
     elif condition is not None:
         lines = [unit] if unit is not None else [s.stmt.line for s, _, _ in run]
         edit = ctx.wrap_in_if(lines, condition)
@@ -264,7 +264,7 @@ def _report_run(ctx, run, anchor=None, unit=None, configs=None) -> None:
 def _report(ctx, site, condition: str | None, where: str, fix, configuration=None) -> None:
     name = site.call.func
     label = code(name.attr if hasattr(name, "attr") else name)
-    hint = f"gate it on `{condition}`" if condition else "move it to the optimizer-step branch"
+    hint = f"gate it on `{condition}`" if condition else "move it to the update-step branch"
     ctx.report(
         site.call,
         f"`{label}` runs on every micro-step in {where}, not only when the optimizer steps: "

@@ -49,7 +49,7 @@ def _every_micro_step(model, loop, site) -> bool:
 
 
 def _before_backward_in_accumulate(model, loop, site) -> bool:
-    """Before the backward of its own `accumulate()` block, unconditionally: on the sync step
+    """Before the backward of its own `accumulate()` block, unconditionally: on the update step
     the prepared `zero_grad` really acts. After `opt.step()` the wrapper gates it."""
     region = model.regions_around(site.stmt, "accumulate")[-1]
     if not windows.accumulates_more_than_once(model, region.receiver):

@@ -55,7 +55,7 @@ def _report_ungated(ctx, loop, site) -> None:
         anchor = windows.after_step(ctx.model, loop, steps[0], ("scaler_update", "zero_grad"))
         edits = _moves.move_after(ctx, site.stmt, anchor)
         if edits is not None:
-            fix = make_fix(f"Move `{label}()` into the optimizer-step branch", *edits)
+            fix = make_fix(f"Move `{label}()` into the update-step branch", *edits)
     ctx.report(
         site.call,
         f"`{label}()` runs on every micro-step while the optimizer steps once per window: "

@@ -96,7 +96,7 @@ def test_acl309_tower_waiting_on_the_sync_step_raises_before_its_backward(ranks)
         assert result["raised"] == "ACL309"
         assert (
             "model 1 (Linear) all-reduces in its backward, model 2 (Sequential) waits under "
-            "no_sync() (in call order; K=2): this is the sync step"
+            "no_sync() (in call order; K=2): this is the update step"
         ) in result["message"]
         assert result["before_backward"] is False  # the first window's micro-step ran
         assert result["params_unchanged"]  # ... but no optimizer step applied it
