@@ -131,18 +131,20 @@ def _consumer(model, binding: Def, clip: Stmt) -> str | None:
     that does not rebind the name."""
     name = binding.target
     home = binding.stmt.scope
-    start = model.line(binding.stmt.node)
-    end = model.line(clip.node) if clip.scope is home else None
+    # Statements are compared by their order in the module (no position is computed for the
+    # hundreds of statements of a long main()); loop headers, which have none, by line.
+    first, last = binding.stmt.order, clip.order if clip.scope is home else None
     for stmt in home.stmts:
-        line = model.line(stmt.node)
-        if stmt is binding.stmt or line <= start or (end is not None and line >= end):
+        if stmt is binding.stmt or stmt.order <= first or (last is not None and stmt.order >= last):
             continue
-        if end is not None and not same_path(stmt, clip):
+        if last is not None and not same_path(stmt, clip):
             continue  # `if adaptive: agc(params) elif norm: clip(params)`: one or the other
         if _reads(stmt.node, name):
             return _describe_consumer(model, stmt.node, name)
     for loop in home.loops:
         if isinstance(loop, cst.For) and _reads(loop.iter, name):
+            start = model.line(binding.stmt.node)
+            end = model.line(clip.node) if last is not None else None
             if model.line(loop) > start and (end is None or model.line(loop) < end):
                 return "a loop over it"
     if _repeats_without_rebinding(binding, clip):
