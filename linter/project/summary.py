@@ -13,7 +13,7 @@ import ast
 import bisect
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 # A definition worth handing to the model: it backpropagates, steps, scales, clips, syncs,
@@ -74,7 +74,9 @@ class ModuleSummary:
         """What importers' findings depend on: the definitions and imports, not the rest."""
         parts = [repr(self.imports), self.error or ""]
         for found in self.definitions:
-            parts.append(repr(found))
+            # `calls` sorted: a frozenset's repr follows string hashing, which differs per
+            # process, and a key that changes every run invalidates every cached result.
+            parts.append(repr(replace(found, calls=tuple(sorted(found.calls)))))
             parts.extend(self.text_of(found))
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 

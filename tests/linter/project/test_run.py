@@ -213,3 +213,36 @@ def test_stdin_is_linted_alone(tmp_path, monkeypatch):
     resolver = Resolver(Overrides(), cwd=tmp_path)
     result = lint_text(ENGINE, tmp_path / "engine.py", resolver)
     assert [d.code for d in result.diagnostics] == []
+
+
+def test_a_summary_key_is_the_same_in_every_process(tmp_path):
+    """The cache outlives the process: a key that followed string hashing (a frozenset's
+    order) would differ on every run and no cached result would ever hold again."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "misc.py"
+    path.write_text(
+        "def step(loss, optimizer, scaler, model):\n"
+        "    scaler.scale(loss).backward()\n"
+        "    scaler.unscale_(optimizer)\n"
+        "    clip_grad_norm_(model.parameters(), 1.0)\n"
+        "    scaler.step(optimizer)\n"
+        "    scaler.update()\n"
+        "    optimizer.zero_grad()\n"
+    )
+    program = (
+        "import sys\n"
+        "from linter.project.summary import summarize\n"
+        "text = open(sys.argv[1]).read()\n"
+        "print(summarize(sys.argv[1], text, 'd', '').key)\n"
+    )
+    keys = set()
+    for seed in ("1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run(
+            [sys.executable, "-c", program, str(path)],
+            env=env, capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        keys.add(done.stdout.strip())
+    assert len(keys) == 1, keys
