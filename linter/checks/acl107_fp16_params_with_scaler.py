@@ -6,6 +6,7 @@ from __future__ import annotations
 from linter.context import RuleContext
 from linter.model.param_dtypes import ParamCast, accumulates, param_casts
 from linter.model.precision import FP16, engine_precision_of, engines, live_scalers
+from linter.model.precision_runs import scaler_configuration
 
 
 def check(ctx: RuleContext) -> None:
@@ -19,27 +20,32 @@ def check(ctx: RuleContext) -> None:
     accumulating = accumulates(model)
     for cast in casts:
         if cast.dtype == FP16 and scaler is not None:
-            _report_scaled(ctx, cast, scaler)
+            _report_scaled(ctx, cast, *scaler)
         elif accumulating:
             _report_accumulated(ctx, cast)
 
 
-def _fp16_training(model) -> str | None:
-    """What unscales fp16 gradients here: a GradScaler that may be enabled, or an fp16 engine."""
+def _fp16_training(model) -> tuple[str, str | None] | None:
+    """What unscales fp16 gradients here (a GradScaler that may be enabled, or an fp16 engine),
+    and the scaler's name when it is one."""
     for scaler in live_scalers(model):
-        return f"the GradScaler `{scaler.name}`"
+        return f"the GradScaler `{scaler.name}`", scaler.name
     for engine in engines(model):
         if engine_precision_of(engine) == "fp16":
-            return f"`{engine.name}` (fp16)"
+            return f"`{engine.name}` (fp16)", None
     return None
 
 
-def _report_scaled(ctx: RuleContext, cast: ParamCast, scaler: str) -> None:
+def _report_scaled(ctx: RuleContext, cast: ParamCast, scaler: str, name: str | None) -> None:
+    # The unscale fails only in the runs where the scaler scales; an unconditional cast makes
+    # those the runs of the finding (a cast under an `if` may have a switch of its own: untold).
+    conditional = any(frame.kind == "if" for frame in cast.stmt.frames)
     ctx.report(
         cast.node,
         f"`{cast.name}` is cast to fp16 and trained with {scaler}: its gradients are fp16 too, "
         'and unscale_ rejects them ("Attempting to unscale FP16 gradients") at the first clip '
         "or step (keep the trained weights in fp32; autocast does the fp16 math)",
+        configuration=None if conditional else scaler_configuration(ctx.model, name),
     )
 
 

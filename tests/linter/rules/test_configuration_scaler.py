@@ -355,3 +355,45 @@ def test_accumulate_entered_once_with_both_models_is_clean():
         "        optimizer.zero_grad()\n"
     )
     assert lint(source, "ACL309") == []
+
+
+# A half model trained under a scaler that only `--amp` turns on: unscale_ fails only then
+HALF_UNDER_AMP = """
+import argparse
+
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--amp", action="store_true")
+args = parser.parse_args()
+
+model = Net().cuda().half()
+optimizer = torch.optim.AdamW(model.parameters())
+scaler = torch.amp.GradScaler("cuda", enabled=args.amp)
+for x, y in loader:
+    with torch.autocast("cuda", dtype=torch.float16, enabled=args.amp):
+        loss = criterion(model(x.cuda().half()), y.cuda())
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+"""
+
+
+def test_fp16_parameters_under_a_store_true_amp_scaler_are_latent():
+    (found,) = lint(HALF_UNDER_AMP, "ACL107")
+    assert (found.start.line, found.start.column) == (10, 21)  # `half`
+    assert found.configuration == Configuration(False, AMP_OFF, ("amp",))
+    assert found.severity == "warning"  # an error made latent
+
+
+def test_a_cast_under_its_own_switch_carries_no_configuration():
+    switched = HALF_UNDER_AMP.replace(
+        "model = Net().cuda().half()\n",
+        "model = Net().cuda()\nif args.half_weights:\n    model = model.half()\n",
+    )
+    (found,) = lint(switched, "ACL107")
+    assert (found.start.line, found.configuration, found.severity) == (12, None, None)
+    always = HALF_UNDER_AMP.replace("enabled=args.amp)\nfor", "enabled=True)\nfor")
+    (found,) = lint(always, "ACL107")
+    assert (found.configuration, found.severity) == (None, None)
