@@ -38,7 +38,8 @@ class Gate:
     """What makes a statement run only on the update step.
 
     kind: "modulo" (`(i + 1) % K == 0`), "counter" (`if micro == K:`), "sync"
-    (`accelerator.sync_gradients`), "micro-loop" (`for _ in range(K)` around the backward).
+    (`accelerator.sync_gradients`), "micro-loop" (`for _ in range(K)` around the backward),
+    "accumulate" (`with accelerator.accumulate(model):`); see `kinds.GateKind`.
     """
 
     kind: str
