@@ -17,6 +17,7 @@ import libcst as cst
 
 from linter.model.cst_util import dotted
 from linter.model.functions import Def, Scope, Stmt
+from linter.model.kinds import RegionKind, SiteKind
 from linter.model.loops import Site
 
 if TYPE_CHECKING:
@@ -76,16 +77,16 @@ class MethodSummary:
     them."""
 
     name: str
-    does: frozenset[str]
+    does: frozenset[SiteKind]
     through: tuple[str, ...]  # the module functions called on the way, in order
 
     def scales_and_steps(self) -> bool:
-        return {"scaler_step", "scaler_update"} <= self.does
+        return {SiteKind.SCALER_STEP, SiteKind.SCALER_UPDATE} <= self.does
 
 
 def summarize(model: Model, scope: Scope, depth: int = 3) -> MethodSummary:
     """The summary of one function or method (callees followed `depth` calls deep)."""
-    does: set[str] = set()
+    does: set[SiteKind] = set()
     through: list[str] = []
     seen = {id(scope)}
     frontier = [scope]
@@ -192,7 +193,7 @@ def _context_kind(model: Model, call: cst.Call, scope: Scope) -> str | None:
     return None
 
 
-def entered_region(model: Model, call: cst.Call) -> tuple[str, cst.Call] | None:
+def entered_region(model: Model, call: cst.Call) -> tuple[RegionKind, cst.Call] | None:
     """(region kind, the call that makes it) for a `with` item calling one of the module's
     context managers that always enters autocast or `no_grad` (`with MixedPrecision():`); one
     entered on some paths only is left unknown."""
@@ -201,8 +202,8 @@ def entered_region(model: Model, call: cst.Call) -> tuple[str, cst.Call] | None:
     if summary is None:
         return None
     for entered in summary.enters:
-        if entered.kind == "autocast" and not entered.conditional:
-            return entered.kind, entered.call
+        if entered.kind == RegionKind.AUTOCAST and not entered.conditional:
+            return RegionKind.AUTOCAST, entered.call
     return None
 
 
@@ -211,14 +212,14 @@ def entered_region(model: Model, call: cst.Call) -> tuple[str, cst.Call] | None:
 # for the loop model, where `train_step` calls them. A backward stays in its own method, which
 # runs every batch with its caller's gate (`Gates._caller_gate`).
 STEP_KINDS_AT_CALL = {
-    "unscale",
-    "clip",
-    "scaler_step",
-    "scaler_update",
-    "opt_step",
-    "zero_grad",
-    "sched_step",
-    "grad_div",
+    SiteKind.UNSCALE,
+    SiteKind.CLIP,
+    SiteKind.SCALER_STEP,
+    SiteKind.SCALER_UPDATE,
+    SiteKind.OPT_STEP,
+    SiteKind.ZERO_GRAD,
+    SiteKind.SCHED_STEP,
+    SiteKind.GRAD_DIV,
 }
 _MAX_DEPTH = 3
 
@@ -257,7 +258,7 @@ def _called_sites(graph, sites, scope: Scope, via: Stmt | None, depth: int, seen
         if callee is None or id(callee) in seen:
             continue
         own = sites.get(id(callee), ())
-        if any(site.kind in ("backward", "engine_backward") for site in own):
+        if any(site.kind in (SiteKind.BACKWARD, SiteKind.ENGINE_BACKWARD) for site in own):
             continue  # a whole step of its own (YOLOX's `train_one_iter`), judged as such
         at = via if via is not None else call.stmt
         for site in own:

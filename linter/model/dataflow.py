@@ -18,13 +18,14 @@ import libcst as cst
 
 from linter.model.cst_util import code, dotted, int_value, method_call, positional
 from linter.model.functions import Def, Scope, Stmt
+from linter.model.kinds import FlowState, FrameKind
 from linter.model.loops import same_path
 from linter.model.window_sums import is_batch_size
 
 if TYPE_CHECKING:
     from linter.model import Model
 
-DIVIDED, UNDIVIDED, UNKNOWN = "divided", "undivided", "unknown"
+DIVIDED, UNDIVIDED, UNKNOWN = FlowState.DIVIDED, FlowState.UNDIVIDED, FlowState.UNKNOWN
 _DIV_METHODS = {"div", "div_", "divide", "true_divide"}
 _PASS_METHODS = {
     "mean",
@@ -56,7 +57,7 @@ _NO_GRAD = {"torch.no_grad", "torch.inference_mode"}
 
 @dataclass
 class Flow:
-    state: str
+    state: FlowState
     steps: list[tuple[str, Stmt]] = field(default_factory=list)
     divisors: list[cst.BaseExpression] = field(default_factory=list)
     models: set[str] = field(default_factory=set)
@@ -223,7 +224,7 @@ class Tracer:
 
     def _without_grad(self, stmt: Stmt) -> bool:
         for frame in stmt.frames:
-            if frame.kind == "with":
+            if frame.kind == FrameKind.WITH:
                 for item in frame.node.items:
                     func = item.item.func if isinstance(item.item, cst.Call) else None
                     if (self.model.imports.qualify(func) or "") in _NO_GRAD:

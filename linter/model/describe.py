@@ -22,6 +22,7 @@ from linter.model.cst_util import code
 from linter.model.eval_modes import eval_mode_leaks
 from linter.model.gathers import metric_gathers
 from linter.model.k_reads import k_reads
+from linter.model.kinds import SiteKind
 from linter.model.param_dtypes import param_casts
 from linter.model.scaler_updates import covering_update
 
@@ -87,8 +88,8 @@ def _loop(model: Model, loop: TrainingLoop, path: str) -> dict:
             {"name": s.name, "enabled": _enabled(s.enabled), "line": _line(model, s.node)}
             for s in model.setup.scalers.values()
         ],
-        "optimizers": _used(model.setup.optimizers, loop, "opt_step", "zero_grad"),
-        "schedulers": _used(model.setup.schedulers, loop, "sched_step"),
+        "optimizers": _used(model.setup.optimizers, loop, SiteKind.OPT_STEP, SiteKind.ZERO_GRAD),
+        "schedulers": _used(model.setup.schedulers, loop, SiteKind.SCHED_STEP),
         "ddp_models": sorted(model.setup.ddp_models),
         "distributed": distributed.describe(model, loop),
         "prepared": {p.original: p.name for p in model.setup.prepared.values()},

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from linter.model.cst_util import dotted, method_call, walk
+from linter.model.kinds import FrameKind
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class Frame:
     an `if` holds, its `else` does not, and after `if test: continue` the test does not hold.
     """
 
-    kind: str  # "loop" | "if" | "exit" | "with"
+    kind: FrameKind
     node: cst.CSTNode
     holds: bool = True
 
@@ -48,7 +49,7 @@ class Stmt:
     via: Stmt | None = None
 
     def loops(self) -> list[cst.CSTNode]:
-        return [f.node for f in self.frames if f.kind == "loop"]
+        return [f.node for f in self.frames if f.kind == FrameKind.LOOP]
 
     def frames_inside(self, loop: cst.CSTNode) -> tuple[Frame, ...]:
         """The frames nested inside `loop` (all frames when the loop is not among them)."""
@@ -142,7 +143,7 @@ class ScopeCollector:
         for node in statements:
             self._statement(node, scope, frames)
             if _is_early_exit(node):
-                frames = frames + (Frame("exit", node, holds=False),)
+                frames = frames + (Frame(FrameKind.EXIT, node, holds=False),)
 
     def _suite(self, suite: cst.BaseSuite, scope: Scope, frames: tuple[Frame, ...]) -> None:
         if isinstance(suite, cst.IndentedBlock):
@@ -162,19 +163,19 @@ class ScopeCollector:
             self._header_reads(node.iter if isinstance(node, cst.For) else node.test, scope)
             if isinstance(node, cst.For):
                 self._add_def_targets(node.target, None, "for", node, scope, frames)
-            inner = frames + (Frame("loop", node),)
+            inner = frames + (Frame(FrameKind.LOOP, node),)
             self._suite(node.body, scope, inner)
             if node.orelse is not None:
                 self._suite(node.orelse.body, scope, frames)
         elif isinstance(node, cst.If):
             self._header_reads(node.test, scope)
-            self._suite(node.body, scope, frames + (Frame("if", node, True),))
+            self._suite(node.body, scope, frames + (Frame(FrameKind.IF, node, True),))
             if isinstance(node.orelse, cst.If):
-                self._statement(node.orelse, scope, frames + (Frame("if", node, False),))
+                self._statement(node.orelse, scope, frames + (Frame(FrameKind.IF, node, False),))
             elif node.orelse is not None:
-                self._suite(node.orelse.body, scope, frames + (Frame("if", node, False),))
+                self._suite(node.orelse.body, scope, frames + (Frame(FrameKind.IF, node, False),))
         elif isinstance(node, cst.With):
-            inner = frames + (Frame("with", node),)
+            inner = frames + (Frame(FrameKind.WITH, node),)
             scope.withs.append((node, inner))
             for item in node.items:
                 self._header_reads(item.item, scope)

@@ -13,6 +13,7 @@ from linter.model.callgraph import CallGraph
 from linter.model.classes import Classes
 from linter.model.cst_util import code, dotted, last_part, strip_parens, walk
 from linter.model.functions import Scope, Stmt
+from linter.model.kinds import GateKind, RegionKind, SiteKind
 from linter.model.loops import (
     STEP_KINDS,
     Gate,
@@ -69,14 +70,14 @@ class Gates:
         iteration as `stmt` say whether it is in a manual accumulation window.
         """
         gate = loop.gate
-        if gate is None or gate.kind not in ("modulo", "counter"):
+        if gate is None or gate.kind not in (GateKind.MODULO, GateKind.COUNTER):
             return gate
         steps = [s for s in loop.steps if same_path(s.stmt, stmt)]
         gates = [g for s in steps if (g := step_gate(loop, s)) is not None]
         if steps and not gates:
             return None
         if gates:
-            zeroes = [z for z in loop.of_kind("zero_grad") if same_path(z.stmt, stmt)]
+            zeroes = [z for z in loop.of_kind(SiteKind.ZERO_GRAD) if same_path(z.stmt, stmt)]
             step = _consuming_step(steps, zeroes, stmt)
             if self._no_window(loop, steps, step, zeroes, stmt):
                 return None
@@ -141,7 +142,7 @@ class Gates:
         if any(g is not None for g in gates):
             return True
         gate = loop.gate
-        if gate is not None and gate.kind == "micro-loop":
+        if gate is not None and gate.kind == GateKind.MICRO_LOOP:
             return not any(f.node is gate.node for f in frames)  # once per outer iteration
         return bool(self._step_only_branches(loop, stmt) & branches(frames))
 
@@ -227,8 +228,10 @@ class Gates:
     def _accumulate_gate(self, loop: TrainingLoop) -> Gate | None:
         """`with accelerator.accumulate(model):` gates the prepared optimizer's step."""
         for site in loop.sites:
-            for region in regions_around(self.regions, site.stmt, "accumulate"):
-                return Gate("accumulate", self.roles.engine_k(region.receiver), region.with_node)
+            for region in regions_around(self.regions, site.stmt, RegionKind.ACCUMULATE):
+                return Gate(
+                    GateKind.ACCUMULATE, self.roles.engine_k(region.receiver), region.with_node
+                )
         return None
 
     def _counts_windows(self, loop: TrainingLoop, kind: str, k: cst.BaseExpression | None) -> bool:
@@ -237,7 +240,7 @@ class Gates:
         cadence. A modulus is accepted when no K is known, when it names K as the step gate or
         the engine does (`self.update_freq` and `args.update_freq` alike), or when its name says
         it is an accumulation value."""
-        if kind != "modulo" or k is None:
+        if kind != GateKind.MODULO or k is None:
             return True
         gate_k = loop.gate.k if loop.gate else None
         known = [e for e in (gate_k, self.roles.engine_k()) if e is not None]
@@ -301,6 +304,6 @@ def stepped_optimizer(step: Site) -> str | None:
 
 def _stepped(step: Site) -> str | None:
     """The optimizer a step site steps: `opt` of `opt.step()` and of `scaler.step(opt)`."""
-    if step.kind == "scaler_step" and step.call is not None and step.call.args:
+    if step.kind == SiteKind.SCALER_STEP and step.call is not None and step.call.args:
         return dotted(step.call.args[0].value)
     return step.receiver

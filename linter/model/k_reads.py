@@ -15,6 +15,7 @@ import libcst as cst
 from linter.model.accumulation import PASS_CALLS, is_k_name, short_name, spells_k
 from linter.model.cst_util import children, dotted, method_call, string_value, walk
 from linter.model.functions import Scope, Stmt
+from linter.model.kinds import SiteKind
 from linter.model.loops import BACKWARD_KINDS
 
 # Keyword arguments and config keys that hand K to something that accumulates.
@@ -182,7 +183,7 @@ def _division_nodes(model) -> set[int]:
             if site.kind in BACKWARD_KINDS:
                 flow = model.flow(site)
                 nodes = list(flow.divisors) if flow is not None else []
-            elif site.kind == "grad_div":
+            elif site.kind == SiteKind.GRAD_DIV:
                 nodes = [site.stmt.node] if site.call is None else list(site.call.args)
             for node in nodes:
                 found.update(id(sub) for sub in walk(node))

@@ -37,6 +37,7 @@ from linter.model.cst_util import (
     walk,
 )
 from linter.model.functions import Def, Scope, Stmt
+from linter.model.kinds import SiteKind
 from linter.model.loops import same_path
 from linter.model.losses import accumulates
 
@@ -110,7 +111,7 @@ def _find(model: Model) -> list[LoggedLoss]:
 def _engine_divides(model: Model, site: Site) -> bool:
     """An engine backward with a configured K divides a copy of the loss itself: a division
     the loop adds on top is ACL302's finding. With no K, the loop's division is the only one."""
-    return site.kind == "engine_backward" and (
+    return site.kind == SiteKind.ENGINE_BACKWARD and (
         model.divides_by_k(site) and model.engine_k() is not None
     )
 
@@ -129,7 +130,7 @@ def _of_backward(model: Model, loop: TrainingLoop, site: Site) -> list[LoggedLos
     if name is None:
         return []
     if kind is None:
-        manual = site.kind == "backward" and gate is not None and gate.kind != "accumulate"
+        manual = site.kind == SiteKind.BACKWARD and gate is not None and gate.kind != "accumulate"
         if not manual or not accumulates(model, gate):
             return []
         kind = EVERY_MICRO_STEP

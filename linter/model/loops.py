@@ -14,19 +14,20 @@ import libcst as cst
 
 from linter.model.cst_util import code, dotted, int_value, positional, walk
 from linter.model.functions import Def, Frame, Scope, Stmt
+from linter.model.kinds import FrameKind, GateKind, RegionKind, SiteKind
 
 if TYPE_CHECKING:
     from linter.model.classes import Classes
 
-STEP_KINDS = ("opt_step", "scaler_step")
-BACKWARD_KINDS = ("backward", "engine_backward")
+STEP_KINDS = (SiteKind.OPT_STEP, SiteKind.SCALER_STEP)
+BACKWARD_KINDS = (SiteKind.BACKWARD, SiteKind.ENGINE_BACKWARD)
 
 
 @dataclass(eq=False)
 class Site:
     """A call the rules care about, e.g. kind "backward" for `loss.backward()`."""
 
-    kind: str
+    kind: SiteKind
     call: cst.Call | None
     stmt: Stmt
     receiver: str | None = None
@@ -42,7 +43,7 @@ class Gate:
     "accumulate" (`with accelerator.accumulate(model):`); see `kinds.GateKind`.
     """
 
-    kind: str
+    kind: GateKind
     k: cst.BaseExpression | None
     node: cst.CSTNode  # the If, the early-exit If, or the micro-step loop
     test: cst.BaseExpression | None = None
@@ -52,7 +53,7 @@ class Gate:
 
 @dataclass(eq=False)
 class Region:
-    kind: str  # "accumulate" | "autocast" | "engine_autocast" | "no_sync"
+    kind: RegionKind
     with_node: cst.With
     item: cst.WithItem
     call: cst.Call
@@ -74,7 +75,7 @@ class TrainingLoop:
     # step to the loop (`self.backward(loss)` in a trainer's `train_step`)
     delegated: list[Stmt] = field(default_factory=list)
 
-    def of_kind(self, *kinds: str) -> list[Site]:
+    def of_kind(self, *kinds: SiteKind) -> list[Site]:
         return [s for s in self.sites if s.kind in kinds]
 
     @property
@@ -251,8 +252,10 @@ def step_gate(loop: TrainingLoop, step: Site) -> Gate | None:
 
 def same_path(a: Stmt, b: Stmt) -> bool:
     """Whether both statements can run in one iteration (no `if` puts them in opposite branches)."""
-    branches = {id(f.node): f.holds for f in a.frames if f.kind == "if"}
-    return all(branches.get(id(f.node), f.holds) == f.holds for f in b.frames if f.kind == "if")
+    branches = {id(f.node): f.holds for f in a.frames if f.kind == FrameKind.IF}
+    return all(
+        branches.get(id(f.node), f.holds) == f.holds for f in b.frames if f.kind == FrameKind.IF
+    )
 
 
 def _step_gate(loop: TrainingLoop) -> Gate | None:
@@ -261,12 +264,13 @@ def _step_gate(loop: TrainingLoop) -> Gate | None:
         if gate is not None:
             return gate
     zeroed = any(
-        any(f.node is loop.micro_loop for f in z.stmt.frames) for z in loop.of_kind("zero_grad")
+        any(f.node is loop.micro_loop for f in z.stmt.frames)
+        for z in loop.of_kind(SiteKind.ZERO_GRAD)
     )
     if loop.micro_loop is not None and not zeroed:
         node = loop.micro_loop
         k = _micro_count(node.iter) if isinstance(node, cst.For) else None
-        return Gate("micro-loop", k, node)
+        return Gate(GateKind.MICRO_LOOP, k, node)
     return None
 
 
@@ -315,7 +319,7 @@ def _conditional_parts(root: cst.CSTNode):
 def update_gate(frame: Frame, counters: set[str], flags=None, accept=None) -> Gate | None:
     """The gate when `frame` lets only update steps through, else None. `accept(kind, K)` may
     turn down a condition (a logging cadence), so that the other side of `and` is tried."""
-    if frame.kind not in ("if", "exit"):
+    if frame.kind not in (FrameKind.IF, FrameKind.EXIT):
         return None
     found = _classify(frame.test, frame.holds, counters, flags or {}, accept)
     if found is None:
@@ -345,7 +349,7 @@ def _classify(test, holds: bool, counters: set[str], flags: dict, accept=None):
 
 def _simple_gate(test, holds: bool, counters: set[str]):
     if isinstance(test, cst.Attribute) and test.attr.value == "sync_gradients":
-        return ("sync", None) if holds else None
+        return (GateKind.SYNC, None) if holds else None
     if isinstance(test, cst.BinaryOperation) and isinstance(test.operator, cst.Modulo):
         return _modulo(test, not holds)
     if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
@@ -358,7 +362,7 @@ def _modulo(node: cst.BinaryOperation, is_update: bool):
     value = int_value(k)
     if value is not None and value <= 1:
         return None
-    return ("modulo", k) if is_update else None
+    return (GateKind.MODULO, k) if is_update else None
 
 
 def _find_modulo(node: cst.CSTNode) -> cst.BinaryOperation | None:
@@ -386,5 +390,5 @@ def _comparison(test: cst.Comparison, holds: bool, counters: set[str]):
         if value is not None and value <= 1:
             return None
         if (at_least and holds) or (below and not holds):
-            return ("counter", k)
+            return (GateKind.COUNTER, k)
     return None

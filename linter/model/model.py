@@ -24,7 +24,9 @@ from linter.model.cst_util import method_call
 from linter.model.dataflow import Flow, trace_loss
 from linter.model.functions import CallSite, Def, Scope, ScopeCollector, Stmt
 from linter.model.gates import Gates, regions_around
+from linter.model.kinds import RegionKind, ScalerRole, SiteKind
 from linter.model.loops import (
+    BACKWARD_KINDS,
     STEP_KINDS,
     Gate,
     Region,
@@ -97,7 +99,7 @@ class Model:
             callee = self.graph.local_function(call.call.func, scope)
             if callee is not None and callee is not scope:
                 kinds = {s.kind for s in self.sites[id(callee)]}
-                if kinds & {"backward", "engine_backward"} and not kinds & set(STEP_KINDS):
+                if kinds & set(BACKWARD_KINDS) and not kinds & set(STEP_KINDS):
                     found.append(call.stmt)
         return found
 
@@ -131,7 +133,7 @@ class Model:
     def engine_for(self, text: str | None, scope: Scope | None = None) -> Engine | None:
         return self.roles.engine_for(text, scope)
 
-    def scaler_role(self, text: str | None, scope: Scope | None = None) -> str | None:
+    def scaler_role(self, text: str | None, scope: Scope | None = None) -> ScalerRole | None:
         return self.roles.scaler_role(text, scope)
 
     def is_optimizer(self, text: str | None) -> bool:
@@ -192,7 +194,7 @@ class Model:
         return self.scaling.names_a_sequence(expr, stmt)
 
     # regions and the update step --------------------------------------------------------
-    def regions_around(self, stmt: Stmt, kind: str) -> list[Region]:
+    def regions_around(self, stmt: Stmt, kind: RegionKind) -> list[Region]:
         return regions_around(self.regions, stmt, kind)
 
     def calls_in_with(self, with_node: cst.With) -> list[CallSite]:
@@ -213,10 +215,10 @@ class Model:
     ) -> bool:
         return self.gates.on_update_step(loop, stmt, node)
 
-    def reached_sites(self, loop: TrainingLoop, stmt: Stmt, *kinds: str) -> list[Site]:
+    def reached_sites(self, loop: TrainingLoop, stmt: Stmt, *kinds: SiteKind) -> list[Site]:
         return self.gates.reached_sites(loop, stmt, *kinds)
 
-    def step_helper_sites(self, loop: TrainingLoop, *kinds: str) -> list[tuple[Stmt, Site]]:
+    def step_helper_sites(self, loop: TrainingLoop, *kinds: SiteKind) -> list[tuple[Stmt, Site]]:
         return self.gates.step_helper_sites(loop, *kinds)
 
     def has_training_loop(self) -> bool:

@@ -20,6 +20,7 @@ import libcst as cst
 from linter.model import accumulation, schedules, windows
 from linter.model.cst_util import code, dotted, positional, strip_parens
 from linter.model.functions import CallSite, Def, Scope, Stmt
+from linter.model.kinds import SiteKind
 from linter.model.loops import Site
 from linter.model.setup import PREPARE_ONE, Prepared, is_prepare
 
@@ -230,7 +231,7 @@ def _unprepared_steps(model) -> list[UnpreparedStep]:
         return []  # no prepare in sight: the objects may be prepared by the caller's module
     found = []
     for loop in model.loops:
-        for site in loop.of_kind("sched_step"):
+        for site in loop.of_kind(SiteKind.SCHED_STEP):
             if model.on_update_step(loop, site.stmt) or windows.is_plateau_step(model, site):
                 continue  # stepped once per optimizer step, or by a metric
             engine = _accumulating_engine(model, site.stmt)

@@ -12,6 +12,7 @@ import re
 from linter.model.callgraph import CallGraph
 from linter.model.cst_util import code, dotted, last_part, positional
 from linter.model.functions import Scope, bound_arguments
+from linter.model.kinds import EngineKind, ScalerRole
 from linter.model.setup import ENGINE_CLASSES, Engine, Setup
 
 _ENGINE_NAME = re.compile(r"^(accelerator|accel|engine|model_engine|\w+_engine|fabric)$")
@@ -49,7 +50,13 @@ class Roles:
             sole = self._sole_engine() if "." in text else None
             if sole is not None:  # `self.accelerator` holding the one the module builds
                 return sole
-            kind = "accelerate" if "accel" in text else "fabric" if "fabric" in text else "unknown"
+            kind = (
+                EngineKind.ACCELERATE
+                if "accel" in text
+                else EngineKind.FABRIC
+                if "fabric" in text
+                else EngineKind.UNKNOWN
+            )
             return Engine(text, kind, None)
         return None
 
@@ -57,28 +64,28 @@ class Roles:
         """The module's one Accelerator/guard engine, when it constructs exactly one: a trainer
         keeps it in an attribute, whose precision and K are then that construction's."""
         built = {id(e.node): e for e in self.setup.engines.values() if e.node is not None}
-        engines = [e for e in built.values() if e.kind in ("accelerate", "guard")]
+        engines = [e for e in built.values() if e.kind in (EngineKind.ACCELERATE, EngineKind.GUARD)]
         return engines[0] if len(built) == 1 and engines else None
 
-    def scaler_role(self, text: str | None, scope: Scope | None = None) -> str | None:
+    def scaler_role(self, text: str | None, scope: Scope | None = None) -> ScalerRole | None:
         """ "enabled" / "disabled" for an expression holding a GradScaler, else None."""
         if not text:
             return None
         known = self.setup.scalers.get(text)
         if known is not None:
-            return "disabled" if known.enabled is False else "enabled"
+            return ScalerRole.DISABLED if known.enabled is False else ScalerRole.ENABLED
         if scope is not None and text in scope.params:
             bound = [dotted(a) for a in bound_arguments(scope, text, self.graph.calls)]
             roles = {self.scaler_role(b) for b in bound if b}
-            if roles == {"disabled"}:
-                return "disabled"
-            if "enabled" in roles:
-                return "enabled"
+            if roles == {ScalerRole.DISABLED}:
+                return ScalerRole.DISABLED
+            if ScalerRole.ENABLED in roles:
+                return ScalerRole.ENABLED
         if "scaler" in last_part(text).lower():
             same = [s for s in self.setup.scalers.values() if last_part(s.name) == last_part(text)]
             if same and all(s.enabled is False for s in same):
-                return "disabled"
-            return "enabled"
+                return ScalerRole.DISABLED
+            return ScalerRole.ENABLED
         return None
 
     def is_optimizer(self, text: str | None) -> bool:
@@ -102,7 +109,11 @@ class Roles:
 
     def engine_in_scope(self, scope: Scope) -> str | None:
         """An expression for the engine usable at this point of `scope`, for autofixes."""
-        texts = [t for t, e in self.setup.engines.items() if e.kind in ("accelerate", "guard")]
+        texts = [
+            t
+            for t, e in self.setup.engines.items()
+            if e.kind in (EngineKind.ACCELERATE, EngineKind.GUARD)
+        ]
         for text in texts:
             if text in scope.defs:
                 return text

@@ -15,6 +15,7 @@ import libcst as cst
 
 from linter.model.cst_util import code, int_value, last_part, positional, string_value
 from linter.model.functions import Stmt
+from linter.model.kinds import SiteKind
 from linter.model.loops import Site, same_path
 from linter.model.scaler_protocol import (
     UNSCALING,
@@ -45,7 +46,7 @@ class ScaledClip:
 def is_torch_clip(model: Model, site: Site) -> bool:
     """`torch.nn.utils.clip_grad_norm_` / `clip_grad_value_` under any import spelling; not an
     engine's or a module's own `clip_grad_norm_` method (which unscale or shard themselves)."""
-    if site.kind != "clip" or site.call is None:
+    if site.kind != SiteKind.CLIP or site.call is None:
         return False
     func = site.call.func
     qual = model.imports.qualify(func) or ""
@@ -93,10 +94,10 @@ def _clips(model: Model, body: Body) -> list[Site]:
         if callee is None or callee is body.scope:
             continue
         sites = model.sites[id(callee)]
-        if any(s.kind in (*UNSCALING, "backward", "engine_backward") for s in sites):
+        if any(s.kind in (*UNSCALING, SiteKind.BACKWARD, SiteKind.ENGINE_BACKWARD) for s in sites):
             continue
         if any(is_torch_clip(model, s) for s in sites):
-            found.append(Site("clip", call.call, call.stmt))
+            found.append(Site(SiteKind.CLIP, call.call, call.stmt))
     # a method's clip seen at its call (`self.optimizer_step()`), unless the call is what clips
     calls = {id(s.stmt) for s in found}
     own = [s for s in body.sites if is_torch_clip(model, s) and id(s.stmt.via) not in calls]
@@ -139,7 +140,7 @@ def unscale_target(model: Model, clip: ScaledClip) -> str | None:
     """The optimizer to unscale before a clip: the one of the next `scaler.step(...)` of the same
     scaler on the clip's path."""
     for site in clip.body.sites:
-        if site.kind != "scaler_step" or site.receiver != clip.scaled.scaler:
+        if site.kind != SiteKind.SCALER_STEP or site.receiver != clip.scaled.scaler:
             continue
         if site.stmt.order > clip.site.stmt.order and same_path(site.stmt, clip.site.stmt):
             args = positional(site.call) if site.call is not None else []
@@ -168,14 +169,14 @@ def engine_clips(model: Model, body: Body) -> list[EngineClip]:
     fsdp = fsdp_configured(model)
     backwards = []
     for site in body.sites:
-        if site.kind != "engine_backward":
+        if site.kind != SiteKind.ENGINE_BACKWARD:
             continue
         engine = model.engine_for(site.receiver, site.stmt.scope)
         if engine is not None and engine.kind in ("accelerate", "guard"):
             backwards.append((site, engine))
     # `accelerator.clip_grad_norm_` unscales too: a torch clip after it sees true gradients.
-    unscaling = [s.stmt for s in body.sites if s.kind == "unscale" or _engine_clip(model, s)]
-    unscaling += helper_stmts(model, body, "unscale")
+    unscaling = [s.stmt for s in body.sites if s.kind == SiteKind.UNSCALE or _engine_clip(model, s)]
+    unscaling += helper_stmts(model, body, SiteKind.UNSCALE)
     found: list[EngineClip] = []
     for site in body.sites:
         if not is_torch_clip(model, site):
@@ -195,7 +196,7 @@ def engine_clips(model: Model, body: Body) -> list[EngineClip]:
 
 
 def _engine_clip(model: Model, site: Site) -> bool:
-    return site.kind == "clip" and site.call is not None and not is_torch_clip(model, site)
+    return site.kind == SiteKind.CLIP and site.call is not None and not is_torch_clip(model, site)
 
 
 def engine_precision(engine) -> str | None:

@@ -29,13 +29,15 @@ from linter.model.cst_util import (
     walk,
 )
 from linter.model.functions import Scope, Stmt
+from linter.model.kinds import SiteKind
 from linter.model.loops import STEP_KINDS, Site, same_path
 
 if TYPE_CHECKING:
     from linter.model import Model
 
 _MAX_DEPTH = 4
-UNSCALING = ("unscale", "scaler_step")  # `scaler.step` unscales what `unscale_` has not
+# `scaler.step` unscales what `unscale_` has not
+UNSCALING = (SiteKind.UNSCALE, SiteKind.SCALER_STEP)
 
 
 @dataclass(eq=False)
@@ -96,7 +98,7 @@ def _find_bodies(model: Model) -> list[Body]:
         sites = model.sites[id(scope)]
         if not isinstance(scope.node, cst.FunctionDef):
             continue
-        loose = [s for s in sites if s.kind == "backward" and id(s) not in owned]
+        loose = [s for s in sites if s.kind == SiteKind.BACKWARD and id(s) not in owned]
         if any(scaler_of_backward(model, s) for s in loose):
             found.append(Body(scope.node, scope, sites, False))
     return found + _helper_loops(model, {id(b.node) for b in found})
@@ -123,7 +125,7 @@ def scaler_of_backward(model: Model, site: Site) -> str | None:
     """The enabled (or runtime-decided) scaler whose `scale(...)` the backward starts from:
     `scaler.scale(loss).backward()`, `torch.autograd.backward(scaler.scale(loss))`, or a name
     bound to one. A literal `enabled=False` scaler scales nothing, so it answers None."""
-    if site.kind != "backward" or site.call is None:
+    if site.kind != SiteKind.BACKWARD or site.call is None:
         return None
     call = site.call
     if model.is_backward_function(call):
@@ -187,7 +189,7 @@ def _scaled(model: Model, body: Body) -> list[ScaledBackward]:
             helper = _helper_scaler(model, call)
             if helper is not None:
                 scaler, inner = helper
-                site = Site("backward", call.call, call.stmt)
+                site = Site(SiteKind.BACKWARD, call.call, call.stmt)
                 found.append(ScaledBackward(site, scaler, True, inner))
     return sorted(found, key=lambda sb: sb.site.stmt.order)
 
@@ -200,7 +202,7 @@ def _helper_scaler(model: Model, call) -> tuple[str, frozenset] | None:
     if callee is None or callee is call.stmt.scope:
         return None
     sites = model.sites[id(callee)]
-    if any(s.kind in (*UNSCALING, "opt_step", "scaler_update") for s in sites):
+    if any(s.kind in (*UNSCALING, SiteKind.OPT_STEP, SiteKind.SCALER_UPDATE) for s in sites):
         return None
     for site in sites:
         scaler = scaler_of_backward(model, site)
@@ -288,7 +290,7 @@ def _bypasses(model: Model, body: Body) -> list[Bypass]:
         return []
     found = []
     for site in body.sites:
-        if site.kind != "opt_step" or _stepped_by_scaler(model, body, site):
+        if site.kind != SiteKind.OPT_STEP or _stepped_by_scaler(model, body, site):
             continue
         if model.is_prepared(site.receiver, site.stmt.scope, site.stmt.order):
             continue  # an AcceleratedOptimizer / engine optimizer calls the scaler itself
@@ -317,7 +319,7 @@ def _scaler_step_classes(model: Model) -> set[str]:
     return {
         scope.class_name
         for scope in model.function_defs.get("step", ())
-        if scope.class_name and any(s.kind == "scaler_step" for s in model.sites[id(scope)])
+        if scope.class_name and any(s.kind == SiteKind.SCALER_STEP for s in model.sites[id(scope)])
     }
 
 
@@ -325,10 +327,10 @@ def _stepped_by_scaler(model: Model, body: Body, step: Site) -> bool:
     """`scaler.step(<this optimizer>)` somewhere in the body, or a same-module helper in it that
     steps through a scaler (`self.optimizer_step()` doing `self.scaler.step(self.optimizer)`)."""
     for site in body.sites:
-        if site.kind == "scaler_step" and site.call is not None and positional(site.call):
+        if site.kind == SiteKind.SCALER_STEP and site.call is not None and positional(site.call):
             if code(positional(site.call)[0]) == step.receiver:
                 return True
-    return bool(helper_stmts(model, body, "scaler_step"))
+    return bool(helper_stmts(model, body, SiteKind.SCALER_STEP))
 
 
 def _feeding(body: Body, step: Site, scaled: list[ScaledBackward]) -> list[ScaledBackward]:
@@ -343,9 +345,11 @@ def _feeding(body: Body, step: Site, scaled: list[ScaledBackward]) -> list[Scale
         if s.kind in STEP_KINDS:
             break
         since.append(s)
-    backwards = [s for s in reversed(since) if s.kind in ("backward", "engine_backward")]
+    backwards = [
+        s for s in reversed(since) if s.kind in (SiteKind.BACKWARD, SiteKind.ENGINE_BACKWARD)
+    ]
     if not backwards:
-        backwards = [s for s in path if s.kind in ("backward", "engine_backward")]
+        backwards = [s for s in path if s.kind in (SiteKind.BACKWARD, SiteKind.ENGINE_BACKWARD)]
     by_site = {id(sb.site): sb for sb in scaled}
     if backwards and id(backwards[-1]) not in by_site:
         return []
@@ -397,7 +401,7 @@ def describe(model: Model, node: cst.CSTNode, covering_update) -> dict | None:
     if body is None or not (scaled_backwards(model, body) or _scaler_sites(body)):
         return None
     line = model.line
-    steps = [s for s in body.sites if s.kind == "scaler_step" and s.call is not None]
+    steps = [s for s in body.sites if s.kind == SiteKind.SCALER_STEP and s.call is not None]
     return {
         "scaled_backwards": [
             {"line": line(sb.site.call), "scaler": sb.scaler, "through_function": sb.via_helper}
@@ -421,8 +425,12 @@ def describe(model: Model, node: cst.CSTNode, covering_update) -> dict | None:
 
 
 def _scaler_sites(body: Body) -> list[Site]:
-    return [s for s in body.sites if s.kind in ("scaler_step", "scaler_update", "unscale")]
+    return [
+        s
+        for s in body.sites
+        if s.kind in (SiteKind.SCALER_STEP, SiteKind.SCALER_UPDATE, SiteKind.UNSCALE)
+    ]
 
 
 def _unscales(body: Body) -> list[Site]:
-    return [s for s in body.sites if s.kind == "unscale" and s.call is not None]
+    return [s for s in body.sites if s.kind == SiteKind.UNSCALE and s.call is not None]

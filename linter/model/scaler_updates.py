@@ -11,6 +11,7 @@ import libcst as cst
 
 from linter.model.cst_util import dotted, last_part, positional, walk
 from linter.model.functions import Stmt
+from linter.model.kinds import SiteKind
 from linter.model.loops import Site, same_path
 from linter.model.scaler_protocol import Body, bypassing_steps, helper_stmts
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 def stepping_stmts(model: Model, body: Body, scaler: str) -> list[Stmt]:
     """The statements that step through `scaler`: its `scaler.step(...)` calls and the direct
     `opt.step()` calls that ACL102 turns into `scaler.step(opt)`."""
-    stmts = [s.stmt for s in body.sites if s.kind == "scaler_step" and s.receiver == scaler]
+    stmts = [s.stmt for s in body.sites if s.kind == SiteKind.SCALER_STEP and s.receiver == scaler]
     stmts += [b.site.stmt for b in bypassing_steps(model, body) if b.scaled.scaler == scaler]
     return sorted(stmts, key=lambda s: s.order)
 
@@ -44,8 +45,8 @@ def update_anchor(model: Model, body: Body, scaler: str, stmt: Stmt) -> Stmt:
 def updates(model: Model, body: Body, scaler: str) -> list[Stmt]:
     """The statements that update `scaler`: its `update()` calls and calls of module helpers
     that update a scaler."""
-    own = [s.stmt for s in body.sites if s.kind == "scaler_update" and s.receiver == scaler]
-    return own + helper_stmts(model, body, "scaler_update")
+    own = [s.stmt for s in body.sites if s.kind == SiteKind.SCALER_UPDATE and s.receiver == scaler]
+    return own + helper_stmts(model, body, SiteKind.SCALER_UPDATE)
 
 
 def covering_update(model: Model, body: Body, step: Stmt, scaler: str) -> Stmt | None:
@@ -74,7 +75,7 @@ class MissingUpdate:
 def missing_updates(model: Model, body: Body) -> list[MissingUpdate]:
     groups: dict[int, MissingUpdate] = {}
     for site in body.sites:
-        if site.kind != "scaler_step" or not site.receiver or site.call is None:
+        if site.kind != SiteKind.SCALER_STEP or not site.receiver or site.call is None:
             continue
         if model.scaler_role(site.receiver, site.stmt.scope) == "disabled":
             continue
@@ -173,7 +174,7 @@ def _partial_updates(model: Model, body: Body, scaler: str, anchor: Stmt) -> lis
     a second time with no step recorded since the first, which torch rejects."""
     found = []
     for site in model.sites[id(body.scope)]:
-        if site.kind != "scaler_update" or site.receiver != scaler:
+        if site.kind != SiteKind.SCALER_UPDATE or site.receiver != scaler:
             continue
         if body.contains(site.stmt):
             if same_path(site.stmt, anchor):
@@ -193,7 +194,7 @@ def updated_in_other_scopes(model: Model, body: Body, scaler: str) -> bool:
     """A scaler of that name updated in another function (a caller, once per epoch)."""
     name = last_part(scaler)
     return any(
-        s.kind == "scaler_update" and last_part(s.receiver) == name
+        s.kind == SiteKind.SCALER_UPDATE and last_part(s.receiver) == name
         for scope in model.scopes
         if scope is not body.scope
         for s in model.sites[id(scope)]
@@ -202,7 +203,7 @@ def updated_in_other_scopes(model: Model, body: Body, scaler: str) -> bool:
 
 def _updated_anywhere(model: Model, scaler: str) -> bool:
     return any(
-        s.kind == "scaler_update" and s.receiver == scaler
+        s.kind == SiteKind.SCALER_UPDATE and s.receiver == scaler
         for sites in model.sites.values()
         for s in sites
     )

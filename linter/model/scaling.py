@@ -7,6 +7,7 @@ import libcst as cst
 
 from linter.model.cst_util import code, dotted, method_call, positional, strip_parens
 from linter.model.functions import Scope, Stmt
+from linter.model.kinds import SiteKind
 from linter.model.loops import Site
 from linter.model.prepared import MAX_RESOLVE_DEPTH
 from linter.model.roles import Roles
@@ -26,7 +27,7 @@ class Scaling:
         call = site.call
         if call is None:
             return None
-        if site.kind == "engine_backward" or self.is_backward_function(call):
+        if site.kind == SiteKind.ENGINE_BACKWARD or self.is_backward_function(call):
             args = positional(call)
             return args[0] if args else None
         receiver = call.func.value

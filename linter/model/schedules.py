@@ -32,6 +32,7 @@ from linter.model.cst_util import (
     strip_parens,
 )
 from linter.model.functions import Scope, Stmt
+from linter.model.kinds import SiteKind
 from linter.model.setup import is_prepare
 
 if TYPE_CHECKING:
@@ -151,7 +152,7 @@ def _schedule(model: Model, name: str, call: cst.Call, where: Stmt, bound: Stmt)
     schedule.steps = [
         (loop, site)
         for loop in model.loops
-        for site in loop.of_kind("sched_step")
+        for site in loop.of_kind(SiteKind.SCHED_STEP)
         if site.receiver in names
     ]
     return [schedule]

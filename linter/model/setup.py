@@ -24,9 +24,14 @@ from linter.model.cst_util import (
     string_value,
 )
 from linter.model.functions import Def, Scope
+from linter.model.kinds import EngineKind
 from linter.model.names import Imports
 
-ENGINE_CLASSES = {"Accelerator": "accelerate", "Engine": "guard", "Fabric": "fabric"}
+ENGINE_CLASSES = {
+    "Accelerator": EngineKind.ACCELERATE,
+    "Engine": EngineKind.GUARD,
+    "Fabric": EngineKind.FABRIC,
+}
 # Packages whose engine class the qualified name must come from (a bare name is trusted).
 _ENGINE_PACKAGES = ("accelerate", "guard", "lightning", "lightning_fabric", "pytorch_lightning")
 _PRECISIONS = {"fp16", "bf16", "no", "fp8"}
@@ -35,7 +40,7 @@ _PRECISIONS = {"fp16", "bf16", "no", "fp8"}
 @dataclass(eq=False)
 class Engine:
     name: str
-    kind: str  # "accelerate" | "guard" | "deepspeed" | "fabric" | "unknown"
+    kind: EngineKind
     node: cst.CSTNode | None  # None for one recognised only by its name
     mixed_precision: str | None = None  # literal value, None when not statically known
     accum: cst.BaseExpression | None = None  # the gradient_accumulation_steps expression
@@ -68,7 +73,9 @@ class Setup:
     prepared_defs: set[Def] = field(default_factory=set)  # every assignment of a prepare(...)
 
     def constructs_engine(self) -> bool:
-        return any(e.kind in ("accelerate", "guard") for e in self.engines.values())
+        return any(
+            e.kind in (EngineKind.ACCELERATE, EngineKind.GUARD) for e in self.engines.values()
+        )
 
 
 _OPTIMIZER_FACTORIES = re.compile(r"(^|\.)(create_optimizer\w*|configure_optimizers)$")
@@ -132,12 +139,12 @@ class SetupCollector:
             qual = self.imports.qualify(call.func) or ""
             if last_part(qual) == "initialize" and qual.startswith("deepspeed"):
                 if d.tuple_index in (0, None):
-                    self.setup.engines[d.target] = Engine(d.target, "deepspeed", call)
+                    self.setup.engines[d.target] = Engine(d.target, EngineKind.DEEPSPEED, call)
                 continue
             kind = _callee_kind(qual)
             if d.tuple_index is not None and kind != "optimizer":
                 continue
-            if kind in ("accelerate", "guard", "fabric"):
+            if kind in (EngineKind.ACCELERATE, EngineKind.GUARD, EngineKind.FABRIC):
                 self.setup.engines[d.target] = self._engine(d.target, kind, call)
             elif kind == "scaler":
                 enabled = keyword(call, "enabled")
@@ -152,7 +159,7 @@ class SetupCollector:
             elif kind == "ddp":
                 self.setup.ddp_models[d.target] = call
 
-    def _engine(self, name: str, kind: str, call: cst.Call) -> Engine:
+    def _engine(self, name: str, kind: EngineKind, call: cst.Call) -> Engine:
         engine = Engine(name, kind, call)
         precision = keyword(call, "mixed_precision")
         value = string_value(precision)

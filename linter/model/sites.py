@@ -7,6 +7,7 @@ import libcst as cst
 
 from linter.model.cst_util import code, dotted, keyword, last_part, method_call, positional
 from linter.model.functions import Scope
+from linter.model.kinds import RegionKind, SiteKind
 from linter.model.loops import Region, Site
 from linter.model.roles import Roles
 
@@ -56,18 +57,18 @@ class SiteFinder:
                     regions.append(Region(kind, with_node, item, call, receiver, frames, via_name))
         return regions
 
-    def region_kind(self, call: cst.Call, scope: Scope) -> str | None:
+    def region_kind(self, call: cst.Call, scope: Scope) -> RegionKind | None:
         qual = self.imports.qualify(call.func) or ""
         if qual in AUTOCAST or (qual == "autocast"):
-            return "autocast"
+            return RegionKind.AUTOCAST
         pair = method_call(call)
         if pair is None:
             return None
         receiver, method = dotted(pair[0]), pair[1]
         if method == "no_sync":
-            return "no_sync"
+            return RegionKind.NO_SYNC
         if method in ("accumulate", "autocast") and self.roles.engine_for(receiver, scope):
-            return "accumulate" if method == "accumulate" else "engine_autocast"
+            return RegionKind.ACCUMULATE if method == "accumulate" else RegionKind.ENGINE_AUTOCAST
         return None
 
     def _site(self, c) -> Site | None:
@@ -79,27 +80,29 @@ class SiteFinder:
         if method == "backward" and not self.imports.is_imported(c.call.func):
             if self.local_function(c.call.func, scope) is not None:
                 return None  # the trainer's own method: its body's sites are its own
-            kind = "engine_backward" if self._engine_backward(c, scope) else "backward"
+            kind = (
+                SiteKind.ENGINE_BACKWARD if self._engine_backward(c, scope) else SiteKind.BACKWARD
+            )
         elif qual == "torch.autograd.backward":
-            kind = "backward"
+            kind = SiteKind.BACKWARD
         elif method == "manual_backward" and positional(c.call):
-            kind = "engine_backward"  # a LightningModule's backward in manual optimization
+            kind = SiteKind.ENGINE_BACKWARD  # a LightningModule's backward in manual optimization
         elif method == "step":
             kind = self._step_kind(receiver, scope)
         elif method == "update" and roles.scaler_role(receiver, scope):
-            kind = "scaler_update"
+            kind = SiteKind.SCALER_UPDATE
         elif method == "unscale_" and roles.scaler_role(receiver, scope):
-            kind = "unscale"
+            kind = SiteKind.UNSCALE
         elif method == "unscale_gradients" and roles.engine_for(receiver, scope):
-            kind = "unscale"
+            kind = SiteKind.UNSCALE
         elif last_part(qual) in CLIP_FUNCTIONS and self._is_clip(qual, method, receiver, scope):
-            kind = "clip"
+            kind = SiteKind.CLIP
         elif method == "zero_grad":
-            kind = "zero_grad"
+            kind = SiteKind.ZERO_GRAD
         elif method in ("div_", "mul_") and ".grad" in (receiver or ""):
-            kind = "grad_div"
+            kind = SiteKind.GRAD_DIV
         elif qual in ("torch._foreach_div_", "torch._foreach_mul_"):
-            kind = "grad_div"
+            kind = SiteKind.GRAD_DIV
         if kind is None:
             return None
         return Site(kind, c.call, c.stmt, receiver)
@@ -122,13 +125,13 @@ class SiteFinder:
         args = positional(c.call)
         return bool(args) and "loss" in code(args[0]).lower()
 
-    def _step_kind(self, receiver: str | None, scope: Scope) -> str | None:
+    def _step_kind(self, receiver: str | None, scope: Scope) -> SiteKind | None:
         if self.roles.scaler_role(receiver, scope):
-            return "scaler_step"
+            return SiteKind.SCALER_STEP
         if self.roles.is_scheduler(receiver):
-            return "sched_step"
+            return SiteKind.SCHED_STEP
         if self.roles.is_optimizer(receiver):
-            return "opt_step"
+            return SiteKind.OPT_STEP
         return None
 
     def _is_clip(self, qual: str, method, receiver, scope: Scope) -> bool:
@@ -145,7 +148,7 @@ class SiteFinder:
             if ".grad" in name or name.endswith("grad"):
                 for d in defs:
                     if d.op in ("/=", "*=") or (d.op == "=" and "/" in code(d.value)):
-                        found.append(Site("grad_div", None, d.stmt, name, d.stmt.node))
+                        found.append(Site(SiteKind.GRAD_DIV, None, d.stmt, name, d.stmt.node))
         return found
 
     def _context(self, item: cst.WithItem, scope: Scope) -> cst.Call | None:
@@ -158,6 +161,9 @@ class SiteFinder:
         value = defs[0].value
         options = [value.body, value.orelse] if isinstance(value, cst.IfExp) else [value]
         for option in options:
-            if isinstance(option, cst.Call) and self.region_kind(option, scope) == "autocast":
+            if (
+                isinstance(option, cst.Call)
+                and self.region_kind(option, scope) == RegionKind.AUTOCAST
+            ):
                 return option
         return None
