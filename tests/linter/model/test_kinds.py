@@ -1,0 +1,78 @@
+"""Every kind the model builds on the fixtures is a member of its `StrEnum` (`linter.model.kinds`).
+
+Members compare equal to their strings, so a bare string kind would still work and go unnoticed;
+this asserts the type, so a new kind has to be added to its enum (with its docstring).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import libcst
+import pytest
+
+from linter.model import Model
+from linter.model.kinds import (
+    EngineKind,
+    FlowState,
+    FrameKind,
+    GateKind,
+    RegionKind,
+    ScalerRole,
+    SiteKind,
+)
+
+FIXTURES = sorted((Path(__file__).resolve().parents[3] / "fixtures").glob("*/*.py"))
+
+
+def _kinds(model: Model) -> list[tuple[str, object, type]]:
+    """(what, kind, its enum) for every kind the model holds."""
+    found = []
+    for scope in model.scopes:
+        for call in scope.calls:
+            found += [("frame", f.kind, FrameKind) for f in call.stmt.frames]
+    found += [("engine", e.kind, EngineKind) for e in model.setup.engines.values()]
+    found += [("region", r.kind, RegionKind) for r in model.regions]
+    found += [("region frame", f.kind, FrameKind) for r in model.regions for f in r.frames]
+    for sites in model.sites.values():
+        for site in sites:
+            scope = site.stmt.scope
+            found.append(("site", site.kind, SiteKind))
+            found += [("site frame", f.kind, FrameKind) for f in site.stmt.frames]
+            if (role := model.scaler_role(site.receiver, scope)) is not None:
+                found.append(("scaler role", role, ScalerRole))
+            if (engine := model.engine_for(site.receiver, scope)) is not None:
+                found.append(("engine of a site", engine.kind, EngineKind))
+            if site.kind in (SiteKind.BACKWARD, SiteKind.ENGINE_BACKWARD):
+                if (flow := model.flow(site)) is not None:
+                    found.append(("flow", flow.state, FlowState))
+    for loop in model.loops:
+        if loop.gate is not None:
+            found.append(("loop gate", loop.gate.kind, GateKind))
+        for site in loop.sites:
+            if (gate := model.gate_for(loop, site.stmt)) is not None:
+                found.append(("gate", gate.kind, GateKind))
+    return found
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_kind_is_a_member_of_its_enum(path: Path) -> None:
+    source = path.read_text()
+    model = Model(libcst.parse_module(source), source=source, path=str(path))
+    strays = [(what, kind) for what, kind, enum in _kinds(model) if not isinstance(kind, enum)]
+    assert strays == []
+
+
+def test_the_fixtures_build_every_site_gate_region_and_frame_kind() -> None:
+    """The check above sees most kinds: a fixture set that lost them would make it vacuous."""
+    seen: dict[type, set] = {}
+    for path in FIXTURES:
+        source = path.read_text()
+        model = Model(libcst.parse_module(source), source=source, path=str(path))
+        for _, kind, enum in _kinds(model):
+            seen.setdefault(enum, set()).add(kind)
+    assert seen[SiteKind] >= {SiteKind.BACKWARD, SiteKind.OPT_STEP, SiteKind.SCALER_STEP}
+    assert seen[FrameKind] == set(FrameKind)
+    assert seen[RegionKind] >= {RegionKind.ACCUMULATE, RegionKind.AUTOCAST}
+    assert seen[GateKind] >= {GateKind.MODULO, GateKind.ACCUMULATE}
+    assert seen[FlowState] >= {FlowState.DIVIDED, FlowState.UNDIVIDED}
