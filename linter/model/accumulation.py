@@ -28,6 +28,7 @@ from linter.model.cst_util import (
     strip_parens,
 )
 from linter.model.functions import CallSite, Frame, Scope, Stmt
+from linter.model.kinds import EngineKind, FrameKind, RegionKind
 from linter.model.loops import Region
 from linter.model.setup import is_prepare
 
@@ -54,7 +55,7 @@ class Configured:
     """K as an engine sees it: `value` is None when the engine gets no K in code."""
 
     engine: str
-    kind: str  # "accelerate" | "guard" | "deepspeed"
+    kind: EngineKind  # accelerate, guard or deepspeed
     value: cst.BaseExpression | None
     known: bool  # False when the configuration is out of sight (`**kwargs`, a JSON file)
     number: int | None = None  # the value's integer, when a literal gives it
@@ -76,17 +77,17 @@ def configurations(model) -> dict[str, Configured]:
 def _configurations(model) -> dict[str, Configured]:
     found = {}
     for name, engine in model.setup.engines.items():
-        if engine.kind in ("accelerate", "guard"):
+        if engine.kind in (EngineKind.ACCELERATE, EngineKind.GUARD):
             value = engine.accum
             if value is None and isinstance(engine.node, cst.Call):
                 value = _positional_plugin_steps(model, engine.node)
             hidden = has_star_kwargs(engine.node) or _opaque_plugin(model, engine.node)
             known = value is not None or not hidden
             found[name] = Configured(name, engine.kind, value, known, model.fixed_int(value))
-        elif engine.kind == "deepspeed":
+        elif engine.kind == EngineKind.DEEPSPEED:
             value = _deepspeed_k(model)
             found[name] = Configured(
-                name, "deepspeed", value, value is not None, model.fixed_int(value)
+                name, EngineKind.DEEPSPEED, value, value is not None, model.fixed_int(value)
             )
     return found
 
@@ -135,7 +136,7 @@ def configured_for(model, engine_text: str | None) -> Configured | None:
     known = configurations(model)
     if engine_text in known:
         return known[engine_text]
-    engines = [c for c in known.values() if c.kind in ("accelerate", "guard")]
+    engines = [c for c in known.values() if c.kind in (EngineKind.ACCELERATE, EngineKind.GUARD)]
     if engine_text and "." in engine_text:
         same = [c for c in engines if last_part(c.engine) == last_part(engine_text)]
         engines = same or engines
@@ -261,11 +262,11 @@ def divides_like_engine(
 
 # --- accumulate() entries, backward calls per entry, loaders -------------------------------
 def accumulate_regions(model) -> list[Region]:
-    return [r for r in model.regions if r.kind == "accumulate"]
+    return [r for r in model.regions if r.kind == RegionKind.ACCUMULATE]
 
 
 def innermost_loop(frames: tuple[Frame, ...]) -> cst.CSTNode | None:
-    loops = [f.node for f in frames if f.kind == "loop"]
+    loops = [f.node for f in frames if f.kind == FrameKind.LOOP]
     return loops[-1] if loops else None
 
 
@@ -278,14 +279,18 @@ def frames_before(frames: tuple[Frame, ...], node: cst.CSTNode) -> tuple[Frame, 
 
 def exclusive(a: tuple[Frame, ...], b: tuple[Frame, ...]) -> bool:
     """Whether no iteration runs both: an `if` (or an early exit) puts them on opposite sides."""
-    sides = {id(f.node): f.holds for f in a if f.kind in ("if", "exit")}
-    return any(sides.get(id(f.node), f.holds) != f.holds for f in b if f.kind in ("if", "exit"))
+    sides = {id(f.node): f.holds for f in a if f.kind in (FrameKind.IF, FrameKind.EXIT)}
+    return any(
+        sides.get(id(f.node), f.holds) != f.holds
+        for f in b
+        if f.kind in (FrameKind.IF, FrameKind.EXIT)
+    )
 
 
 def entered_accumulate(model, stmt: Stmt, depth: int = 0) -> bool:
     """Whether `stmt` runs inside an `accumulate()` block, in its own function or in a caller
     that calls its function from inside one."""
-    if model.regions_around(stmt, "accumulate") or _in_indirect_accumulate(stmt):
+    if model.regions_around(stmt, RegionKind.ACCUMULATE) or _in_indirect_accumulate(stmt):
         return True
     if depth >= _MAX_DEPTH or not isinstance(stmt.scope.node, cst.FunctionDef):
         return False
@@ -297,7 +302,7 @@ def _in_indirect_accumulate(stmt: Stmt) -> bool:
     """`with ctx:` where `ctx = accelerator.accumulate(model)`, or `with accelerator.accumulate(
     model) if accumulating else nullcontext():`: an entry the region finder does not name."""
     for frame in stmt.frames:
-        if frame.kind != "with":
+        if frame.kind != FrameKind.WITH:
             continue
         for item in frame.node.items:
             value = item.item

@@ -17,7 +17,7 @@ import libcst as cst
 
 from linter.model.cst_util import dotted
 from linter.model.functions import Def, Scope, Stmt
-from linter.model.kinds import RegionKind, SiteKind
+from linter.model.kinds import FrameKind, RegionKind, SiteKind
 from linter.model.loops import Site
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ def context_summary(model: Model, name: str) -> ContextSummary | None:
         for call, frames in calls:
             kind = _context_kind(model, call, body) if isinstance(call, cst.Call) else None
             if kind is not None:
-                conditional = any(f.kind in ("if", "exit") for f in frames)
+                conditional = any(f.kind in (FrameKind.IF, FrameKind.EXIT) for f in frames)
                 enters.append(Entered(kind, call, conditional))
     return ContextSummary(name, tuple(enters))
 

@@ -29,6 +29,7 @@ from linter.model.cst_util import (
     strip_parens,
 )
 from linter.model.functions import Scope
+from linter.model.kinds import FrameKind, GateKind
 from linter.types import Configuration
 
 _MAX_DEPTH = 4
@@ -237,11 +238,13 @@ class ConfigSpace:
         for d in defs:
             if before is not None and d.stmt.order >= before:
                 break
-            if d.op != "=" or any(f.kind in ("loop", "exit") for f in d.stmt.frames):
+            if d.op != "=" or any(
+                f.kind in (FrameKind.LOOP, FrameKind.EXIT) for f in d.stmt.frames
+            ):
                 return _UNKNOWN
             runs = True
             for frame in d.stmt.frames:
-                if frame.kind != "if":
+                if frame.kind != FrameKind.IF:
                     continue
                 truth = self._truth(frame.node.test, scope, depth + 1, used, d.stmt.order)
                 if truth is _UNKNOWN:
@@ -391,7 +394,7 @@ def gate_configuration(model, gate, scope: Scope | None = None):
     if gate is None or gate.k is None:
         return k_configuration(model, model.engine_k(), None)
     where = gate.caller if gate.caller is not None else scope
-    if gate.kind in ("accumulate", "sync"):
+    if gate.kind in (GateKind.ACCUMULATE, GateKind.SYNC):
         where = None  # the engine's K, read where the engine is built
     return k_configuration(model, gate.k, where)
 

@@ -22,6 +22,7 @@ import libcst as cst
 
 from linter.model.cst_util import code, dotted, keyword, positional, string_value, walk
 from linter.model.functions import Def, Scope
+from linter.model.kinds import FrameKind
 
 MAX_ASSIGNMENTS = 256
 _MAX_DEPTH = 12
@@ -477,7 +478,7 @@ def _from_defs(
     for d in reversed(before):
         if d.op != "=" or d.tuple_index is not None or d.value is None:
             return {UNKNOWN}
-        if any(f.kind in ("loop", "exit") for f in d.stmt.frames):
+        if any(f.kind in (FrameKind.LOOP, FrameKind.EXIT) for f in d.stmt.frames):
             return {UNKNOWN}
         verdicts = {_holds(env, f, scope, d.stmt.order, depth) for f in d.stmt.frames}
         if False in verdicts:
@@ -490,7 +491,7 @@ def _from_defs(
 
 def _holds(env: _Env, frame, scope: Scope, order: int, depth: int) -> bool | None:
     """Whether an `if` frame's branch runs: True, False, or None (cannot tell)."""
-    if frame.kind != "if":
+    if frame.kind != FrameKind.IF:
         return True
     values = _truth(env, frame.test, scope, order, depth)
     if len(values) != 1:

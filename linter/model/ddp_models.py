@@ -15,6 +15,7 @@ from linter.model.cst_util import (
     method_call,
 )
 from linter.model.functions import CallSite, Def, Scope, Stmt
+from linter.model.kinds import FrameKind
 
 if TYPE_CHECKING:
     from linter.model import Model, TrainingLoop
@@ -113,7 +114,7 @@ def wrapped_on_every_path(model: Model, held: DDPModel) -> bool:
     `DDP(m) if distributed else m`, where a single-process run keeps a plain module (which
     has no `no_sync()`)."""
     d = held.bound
-    if isinstance(d.value, cst.IfExp) or any(f.kind == "if" for f in d.stmt.frames):
+    if isinstance(d.value, cst.IfExp) or any(f.kind == FrameKind.IF for f in d.stmt.frames):
         return False
     later = [x for x in held.scope.defs.get(held.name, ()) if x.stmt.order > d.stmt.order]
     return not later
@@ -228,7 +229,7 @@ _GRAD_OFF = {"torch.no_grad", "torch.inference_mode", "torch.set_grad_enabled"}
 def _grad_free(model: Model, stmt: Stmt) -> bool:
     """Under `torch.no_grad()` / `inference_mode()` / `set_grad_enabled(...)` (which may be off)."""
     for frame in stmt.frames:
-        if frame.kind == "with":
+        if frame.kind == FrameKind.WITH:
             for item in frame.node.items:
                 func = item.item.func if isinstance(item.item, cst.Call) else None
                 if (model.imports.qualify(func) or "") in _GRAD_OFF:

@@ -21,6 +21,7 @@ from linter.model.cst_util import (
     walk,
 )
 from linter.model.functions import Def, Scope
+from linter.model.kinds import FrameKind, GateKind, RegionKind
 
 if TYPE_CHECKING:
     from linter.model import Model, TrainingLoop
@@ -215,7 +216,7 @@ def _caller_controls_sync(model: Model, scope: Scope) -> bool:
     """A per-batch function whose callers run it under `accumulate()` or in a loop that
     controls the sync (`sync_context = partial(accelerator.no_sync, model=model)`)."""
     for call in model.graph.callers(scope):
-        if model.regions_around(call.stmt, "accumulate"):
+        if model.regions_around(call.stmt, RegionKind.ACCUMULATE):
             return True
         loops = call.stmt.loops()
         if loops and _mentions(loops[-1]):
@@ -326,7 +327,7 @@ def _no_sync_sites(model: Model, scope: Scope, entered: bool):
 
 
 def _on_some_paths(frames: tuple) -> bool:
-    return any(f.kind in ("if", "exit") for f in frames)
+    return any(f.kind in (FrameKind.IF, FrameKind.EXIT) for f in frames)
 
 
 def _param_of(target: str | None, binder: Scope) -> str | None:
@@ -419,10 +420,10 @@ def never_true_on_step(model: Model, loop: TrainingLoop, expr: cst.BaseExpressio
 
 def _step_environments(loop: TrainingLoop, gate, k_text: str, k: int) -> list[dict] | None:
     """Values of the loop's index on the micro-steps that step, for K = k."""
-    if gate.kind == "micro-loop":
+    if gate.kind == GateKind.MICRO_LOOP:
         index = range_index(gate.node)
         return [{index: k - 1, k_text: k}] if index else None
-    if gate.kind != "modulo" or gate.test is None:
+    if gate.kind != GateKind.MODULO or gate.test is None:
         return None
     index = _loop_index(loop.node)
     if index is None:

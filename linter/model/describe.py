@@ -22,7 +22,7 @@ from linter.model.cst_util import code
 from linter.model.eval_modes import eval_mode_leaks
 from linter.model.gathers import metric_gathers
 from linter.model.k_reads import k_reads
-from linter.model.kinds import SiteKind
+from linter.model.kinds import FlowState, GateKind, SiteKind
 from linter.model.param_dtypes import param_casts
 from linter.model.scaler_updates import covering_update
 
@@ -178,9 +178,9 @@ def _step_branch(model: Model, loop: TrainingLoop) -> dict | None:
     gate = loop.gate
     if gate is None:
         return None
-    if gate.kind == "accumulate":
+    if gate.kind == GateKind.ACCUMULATE:
         condition = code(gate.node.items[0].item)
-    elif gate.kind == "micro-loop":
+    elif gate.kind == GateKind.MICRO_LOOP:
         condition = f"after the loop `for ... in {code(gate.node.iter)}`"
     else:
         condition = code(gate.test)
@@ -197,7 +197,7 @@ def _backward(model: Model, site) -> dict:
     return {
         "kind": site.kind,
         "line": _line(model, site.call),
-        "loss": flow.state if flow is not None else "unknown",
+        "loss": flow.state if flow is not None else FlowState.UNKNOWN,
         "dataflow": steps,
         "models": sorted(flow.models) if flow is not None else [],
         "token_means": losses.describe(model, site),

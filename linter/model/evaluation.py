@@ -22,6 +22,7 @@ from linter.model.cst_util import (
     walk,
 )
 from linter.model.functions import CallSite, Scope, Stmt
+from linter.model.kinds import FrameKind
 
 _EVAL_FUNCTION = re.compile(
     r"^_?(validate|validation|evaluate|evaluation|eval|val|test)$"
@@ -241,7 +242,7 @@ def grad_free(model, stmt: Stmt) -> bool:
 
 def _grad_free(model, stmt: Stmt, depth: int) -> bool:
     for frame in stmt.frames:
-        if frame.kind == "with" and any(
+        if frame.kind == FrameKind.WITH and any(
             _disables_grad(model, i.item, stmt.scope) for i in frame.node.items
         ):
             return True

@@ -13,7 +13,7 @@ from linter.model.callgraph import CallGraph
 from linter.model.classes import Classes
 from linter.model.cst_util import code, dotted, last_part, strip_parens, walk
 from linter.model.functions import Scope, Stmt
-from linter.model.kinds import GateKind, RegionKind, SiteKind
+from linter.model.kinds import FrameKind, GateKind, RegionKind, SiteKind
 from linter.model.loops import (
     STEP_KINDS,
     Gate,
@@ -33,7 +33,7 @@ K_NAME = re.compile(r"grad(ient)?_?acc|accum", re.I)  # the Conventions' accumul
 
 def regions_around(regions: list[Region], stmt: Stmt, kind: str) -> list[Region]:
     """The regions of `kind` whose `with` block holds the statement, outermost first."""
-    frames = {id(f.node) for f in stmt.frames if f.kind == "with"}
+    frames = {id(f.node) for f in stmt.frames if f.kind == FrameKind.WITH}
     return [r for r in regions if r.kind == kind and id(r.with_node) in frames]
 
 
@@ -263,7 +263,7 @@ def short_name(node: cst.BaseExpression) -> str:
 
 def branches(frames) -> set[tuple[int, bool]]:
     """The `if` branches (node, which arm) a statement sits in."""
-    return {(id(f.node), f.holds) for f in frames if f.kind == "if"}
+    return {(id(f.node), f.holds) for f in frames if f.kind == FrameKind.IF}
 
 
 def _under(loop: TrainingLoop, gate: Gate, stmt: Stmt) -> bool:

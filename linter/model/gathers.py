@@ -16,6 +16,7 @@ import libcst as cst
 from linter.model.cst_util import dotted, last_part, method_call, walk
 from linter.model.evaluation import EvalContext, encloses, is_eval_function, is_eval_iterable
 from linter.model.functions import CallSite, Stmt
+from linter.model.kinds import EngineKind
 
 _METRIC_SINKS = {"add_batch", "add", "update", "compute", "append", "extend"}
 _METRIC_FUNCTION = re.compile(r"metric|accuracy|score|f1|bleu|rouge|precision|recall", re.I)
@@ -88,7 +89,7 @@ def _engine_calls(model, stmt: Stmt, method: str) -> list[CallSite]:
         if c.stmt is stmt
         and c.method == method
         and (e := model.engine_for(c.receiver, stmt.scope)) is not None
-        and e.kind in ("accelerate", "guard", "unknown")
+        and e.kind in (EngineKind.ACCELERATE, EngineKind.GUARD, EngineKind.UNKNOWN)
     ]
 
 

@@ -15,7 +15,7 @@ import libcst as cst
 from linter.model.accumulation import PASS_CALLS, is_k_name, short_name, spells_k
 from linter.model.cst_util import children, dotted, method_call, string_value, walk
 from linter.model.functions import Scope, Stmt
-from linter.model.kinds import SiteKind
+from linter.model.kinds import FrameKind, SiteKind
 from linter.model.loops import BACKWARD_KINDS
 
 # Keyword arguments and config keys that hand K to something that accumulates.
@@ -67,7 +67,7 @@ def _headers(scope: Scope):
     seen = set()
     for stmt in scope.stmts:
         for frame in stmt.frames:
-            if id(frame.node) in seen or frame.kind not in ("if", "loop"):
+            if id(frame.node) in seen or frame.kind not in (FrameKind.IF, FrameKind.LOOP):
                 continue
             seen.add(id(frame.node))
             node = frame.node

@@ -37,7 +37,7 @@ from linter.model.cst_util import (
     walk,
 )
 from linter.model.functions import Def, Scope, Stmt
-from linter.model.kinds import SiteKind
+from linter.model.kinds import FrameKind, GateKind, SiteKind
 from linter.model.loops import same_path
 from linter.model.losses import accumulates
 
@@ -130,7 +130,9 @@ def _of_backward(model: Model, loop: TrainingLoop, site: Site) -> list[LoggedLos
     if name is None:
         return []
     if kind is None:
-        manual = site.kind == SiteKind.BACKWARD and gate is not None and gate.kind != "accumulate"
+        manual = (
+            site.kind == SiteKind.BACKWARD and gate is not None and gate.kind != GateKind.ACCUMULATE
+        )
         if not manual or not accumulates(model, gate):
             return []
         kind = EVERY_MICRO_STEP
@@ -297,7 +299,7 @@ def _only_now_and_then(model: Model, window: _Window, stmt: Stmt) -> bool:
     if window.training is not None and model.on_update_step(window.training, stmt):
         return True
     return any(
-        frame.kind in ("if", "exit") and _is_cadence(frame.test)
+        frame.kind in (FrameKind.IF, FrameKind.EXIT) and _is_cadence(frame.test)
         for frame in stmt.frames_inside(window.node)
     )
 

@@ -31,6 +31,7 @@ from linter.model.cst_util import (
     walk,
 )
 from linter.model.functions import Scope, Stmt
+from linter.model.kinds import GateKind
 from linter.model.setup import is_prepare
 
 if TYPE_CHECKING:
@@ -127,9 +128,9 @@ def accumulates(model: Model, gate: Gate | None) -> bool:
     run time), or a micro-step loop."""
     if gate is None:
         return False
-    if gate.kind in ("accumulate", "sync"):
+    if gate.kind in (GateKind.ACCUMULATE, GateKind.SYNC):
         k = gate.k if gate.k is not None else model.engine_k()
-    elif gate.kind == "micro-loop":
+    elif gate.kind == GateKind.MICRO_LOOP:
         return gate.k is None or not _at_most_one(gate.k)
     else:
         k = gate.k

@@ -24,7 +24,7 @@ from linter.model.cst_util import method_call
 from linter.model.dataflow import Flow, trace_loss
 from linter.model.functions import CallSite, Def, Scope, ScopeCollector, Stmt
 from linter.model.gates import Gates, regions_around
-from linter.model.kinds import RegionKind, ScalerRole, SiteKind
+from linter.model.kinds import EngineKind, FrameKind, RegionKind, ScalerRole, SiteKind
 from linter.model.loops import (
     BACKWARD_KINDS,
     STEP_KINDS,
@@ -155,7 +155,7 @@ class Model:
         if pair is not None and pair[1] == "manual_backward":
             return False  # Lightning leaves accumulation to manual optimization
         engine = self.engine_for(site.receiver, site.stmt.scope)
-        return engine is None or engine.kind != "fabric"
+        return engine is None or engine.kind != EngineKind.FABRIC
 
     # prepared objects -------------------------------------------------------------------
     def is_prepared(self, text: str | None, scope: Scope, order: int | None = None) -> bool:
@@ -203,7 +203,7 @@ class Model:
             self._calls_by_with = {}
             for call in self.calls:
                 for frame in call.stmt.frames:
-                    if frame.kind == "with":
+                    if frame.kind == FrameKind.WITH:
                         self._calls_by_with.setdefault(id(frame.node), []).append(call)
         return self._calls_by_with.get(id(with_node), [])
 

@@ -21,6 +21,7 @@ from linter.model.cst_util import (
     walk,
 )
 from linter.model.functions import Stmt
+from linter.model.kinds import FrameKind
 from linter.model.precision import BF16, DTYPES, FP16, FP32, engines
 from linter.model.setup import _callee_kind
 
@@ -292,7 +293,11 @@ def _loop_switch(stmt: Stmt) -> tuple[str, bool] | None:
     """(`X`, frozen) for `p.requires_grad = False / True` directly in the body of
     `for p in X.parameters():` (not under an `if`: a loop that freezes only some layers)."""
     node = stmt.node
-    if not isinstance(node, cst.Assign) or not stmt.frames or stmt.frames[-1].kind != "loop":
+    if (
+        not isinstance(node, cst.Assign)
+        or not stmt.frames
+        or stmt.frames[-1].kind != FrameKind.LOOP
+    ):
         return None
     if not any(
         isinstance(t.target, cst.Attribute) and t.target.attr.value == "requires_grad"

@@ -26,6 +26,7 @@ from linter.model.cst_util import (
     walk,
 )
 from linter.model.functions import Stmt
+from linter.model.kinds import EngineKind, FrameKind, RegionKind
 from linter.model.loops import Region
 from linter.model.setup import Engine, Scaler
 
@@ -64,7 +65,7 @@ class Autocast:
 
     @property
     def by_engine(self) -> bool:
-        return self.region.kind == "engine_autocast"
+        return self.region.kind == RegionKind.ENGINE_AUTOCAST
 
     @property
     def may_be_fp16(self) -> bool:
@@ -94,8 +95,10 @@ def autocast_of(model, region: Region) -> Autocast | None:
 def innermost_autocast(model, stmt: Stmt) -> Autocast | None:
     """The autocast region nearest around a statement (lexically): an `enabled=False` island
     inside a region is what the statement runs under."""
-    order = {id(f.node): i for i, f in enumerate(stmt.frames) if f.kind == "with"}
-    regions = model.regions_around(stmt, "autocast") + model.regions_around(stmt, "engine_autocast")
+    order = {id(f.node): i for i, f in enumerate(stmt.frames) if f.kind == FrameKind.WITH}
+    regions = model.regions_around(stmt, RegionKind.AUTOCAST) + model.regions_around(
+        stmt, RegionKind.ENGINE_AUTOCAST
+    )
     if not regions:
         return None
     nearest = max(regions, key=lambda r: order[id(r.with_node)])
@@ -105,7 +108,7 @@ def innermost_autocast(model, stmt: Stmt) -> Autocast | None:
 def under_no_grad(model, region: Region) -> bool:
     """Whether the region runs with gradients off (`with torch.no_grad(), autocast(...):` or a
     `no_grad` block around it): an inference region."""
-    calls = [i.item for f in region.frames if f.kind == "with" for i in f.node.items]
+    calls = [i.item for f in region.frames if f.kind == FrameKind.WITH for i in f.node.items]
     scope = _scope_of(model, region)
     if scope is not None and isinstance(scope.node, cst.FunctionDef):
         calls += [d.decorator for d in scope.node.decorators]
@@ -119,9 +122,9 @@ def under_no_grad(model, region: Region) -> bool:
 def _build_autocasts(model) -> list[Autocast]:
     found = []
     for region in model.regions:
-        if region.kind == "autocast":
+        if region.kind == RegionKind.AUTOCAST:
             found.append(_user_autocast(model, region))
-        elif region.kind == "engine_autocast":
+        elif region.kind == RegionKind.ENGINE_AUTOCAST:
             found.append(_engine_autocast(model, region))
     return found
 
@@ -201,7 +204,7 @@ def engine_precision_of(engine: Engine) -> str | None:
     engine built without one runs in "no"; None when read from a config file or the CLI."""
     if engine.mixed_precision is not None or engine.node is None:
         return engine.mixed_precision
-    if engine.kind != "guard" or not isinstance(engine.node, cst.Call):
+    if engine.kind != EngineKind.GUARD or not isinstance(engine.node, cst.Call):
         return None
     call = engine.node
     args = positional(call)
@@ -216,7 +219,7 @@ def engines(model) -> list[Engine]:
     return [
         e
         for e in model.setup.engines.values()
-        if e.kind in ("accelerate", "guard") and e.node is not None
+        if e.kind in (EngineKind.ACCELERATE, EngineKind.GUARD) and e.node is not None
     ]
 
 

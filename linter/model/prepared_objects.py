@@ -20,7 +20,7 @@ import libcst as cst
 from linter.model import accumulation, schedules, windows
 from linter.model.cst_util import code, dotted, positional, strip_parens
 from linter.model.functions import CallSite, Def, Scope, Stmt
-from linter.model.kinds import SiteKind
+from linter.model.kinds import RegionKind, SiteKind
 from linter.model.loops import Site
 from linter.model.setup import PREPARE_ONE, Prepared, is_prepare
 
@@ -258,7 +258,7 @@ def _passed_to_prepare(model) -> set[str]:
 def _accumulating_engine(model, stmt: Stmt) -> str | None | bool:
     """The engine whose `accumulate()` holds the statement (here or in a caller), when it
     spans several micro-steps; False when there is none."""
-    regions = model.regions_around(stmt, "accumulate")
+    regions = model.regions_around(stmt, RegionKind.ACCUMULATE)
     if regions:
         receiver = regions[-1].receiver
         return receiver if windows.accumulates_more_than_once(model, receiver) else False

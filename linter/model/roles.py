@@ -119,7 +119,7 @@ class Roles:
                 return text
         for name in scope.params:
             engine = self.engine_for(name, scope)
-            if engine is not None and engine.kind != "deepspeed":
+            if engine is not None and engine.kind != EngineKind.DEEPSPEED:
                 return name
         if scope.class_name is not None:
             for text in texts:

@@ -15,7 +15,7 @@ import libcst as cst
 
 from linter.model.cst_util import code, int_value, last_part, positional, string_value
 from linter.model.functions import Stmt
-from linter.model.kinds import SiteKind
+from linter.model.kinds import EngineKind, FrameKind, SiteKind
 from linter.model.loops import Site, same_path
 from linter.model.scaler_protocol import (
     UNSCALING,
@@ -107,11 +107,11 @@ def _clips(model: Model, body: Body) -> list[Site]:
 def _other_branch_steps(body: Body, stmt: Stmt, scaler: str) -> bool:
     """`if scaler is not None: unscale_, clip, scaler.step ... else: clip, opt.step()`: the branch
     opposite to the one stepping through the scaler is the fp32 path, whatever ran before."""
-    mine = {(id(f.node), f.holds) for f in stmt.frames_inside(body.node) if f.kind == "if"}
+    mine = {(id(f.node), f.holds) for f in stmt.frames_inside(body.node) if f.kind == FrameKind.IF}
     for site in body.sites:
         if site.kind in UNSCALING and site.receiver == scaler:
             for frame in site.stmt.frames_inside(body.node):
-                if frame.kind == "if" and (id(frame.node), not frame.holds) in mine:
+                if frame.kind == FrameKind.IF and (id(frame.node), not frame.holds) in mine:
                     return True
     return False
 
@@ -172,7 +172,7 @@ def engine_clips(model: Model, body: Body) -> list[EngineClip]:
         if site.kind != SiteKind.ENGINE_BACKWARD:
             continue
         engine = model.engine_for(site.receiver, site.stmt.scope)
-        if engine is not None and engine.kind in ("accelerate", "guard"):
+        if engine is not None and engine.kind in (EngineKind.ACCELERATE, EngineKind.GUARD):
             backwards.append((site, engine))
     # `accelerator.clip_grad_norm_` unscales too: a torch clip after it sees true gradients.
     unscaling = [s.stmt for s in body.sites if s.kind == SiteKind.UNSCALE or _engine_clip(model, s)]
@@ -205,7 +205,7 @@ def engine_precision(engine) -> str | None:
     if engine.mixed_precision is not None:
         return engine.mixed_precision
     call = engine.node
-    if engine.kind == "guard" and isinstance(call, cst.Call):
+    if engine.kind == EngineKind.GUARD and isinstance(call, cst.Call):
         given = any(
             a.star or (a.keyword and a.keyword.value == "mixed_precision") for a in call.args
         )

@@ -29,7 +29,7 @@ from linter.model.cst_util import (
     walk,
 )
 from linter.model.functions import Scope, Stmt
-from linter.model.kinds import SiteKind
+from linter.model.kinds import FrameKind, ScalerRole, SiteKind
 from linter.model.loops import STEP_KINDS, Site, same_path
 
 if TYPE_CHECKING:
@@ -65,7 +65,9 @@ class Body:
 
 def conditions_of(stmt: Stmt, inside: cst.CSTNode) -> frozenset[tuple[str, bool]]:
     frames = stmt.frames_inside(inside)
-    return frozenset((code(f.test), f.holds) for f in frames if f.kind in ("if", "exit"))
+    return frozenset(
+        (code(f.test), f.holds) for f in frames if f.kind in (FrameKind.IF, FrameKind.EXIT)
+    )
 
 
 @dataclass(eq=False)
@@ -138,7 +140,7 @@ def scaler_of_backward(model: Model, site: Site) -> str | None:
     if start is None:
         return None
     scaler = _scaler_of_value(model, start, site.stmt.scope, site.stmt.order, 0)
-    if scaler is None or model.scaler_role(scaler, site.stmt.scope) == "disabled":
+    if scaler is None or model.scaler_role(scaler, site.stmt.scope) == ScalerRole.DISABLED:
         return None
     return scaler
 
@@ -223,7 +225,7 @@ def _as_the_caller_names(model: Model, callee: Scope, call, scaler: str) -> str 
         return scaler if head not in callee.defs else None
     passed = _argument(callee, call.call, head)
     name = dotted(passed) if passed is not None else None
-    if name and model.scaler_role(name, call.stmt.scope) != "disabled":
+    if name and model.scaler_role(name, call.stmt.scope) != ScalerRole.DISABLED:
         return name + scaler[len(head) :]
     return None
 

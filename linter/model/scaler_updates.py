@@ -11,7 +11,7 @@ import libcst as cst
 
 from linter.model.cst_util import dotted, last_part, positional, walk
 from linter.model.functions import Stmt
-from linter.model.kinds import SiteKind
+from linter.model.kinds import FrameKind, ScalerRole, SiteKind
 from linter.model.loops import Site, same_path
 from linter.model.scaler_protocol import Body, bypassing_steps, helper_stmts
 
@@ -77,7 +77,7 @@ def missing_updates(model: Model, body: Body) -> list[MissingUpdate]:
     for site in body.sites:
         if site.kind != SiteKind.SCALER_STEP or not site.receiver or site.call is None:
             continue
-        if model.scaler_role(site.receiver, site.stmt.scope) == "disabled":
+        if model.scaler_role(site.receiver, site.stmt.scope) == ScalerRole.DISABLED:
             continue
         args = positional(site.call)
         if args and model.is_prepared(dotted(args[0]), site.stmt.scope, site.stmt.order):
@@ -147,7 +147,9 @@ def _parameters_tested(update: Stmt, step: Stmt) -> set[str]:
     extra = [
         f.test
         for f in update.frames
-        if f.kind in ("if", "exit") and id(f.node) not in around and f.test is not None
+        if f.kind in (FrameKind.IF, FrameKind.EXIT)
+        and id(f.node) not in around
+        and f.test is not None
     ]
     names = {n.value for t in extra for n in walk(t) if isinstance(n, cst.Name)}
     names -= {"None", "True", "False"}

@@ -32,7 +32,7 @@ from linter.model.cst_util import (
     strip_parens,
 )
 from linter.model.functions import Scope, Stmt
-from linter.model.kinds import SiteKind
+from linter.model.kinds import GateKind, SiteKind
 from linter.model.setup import is_prepare
 
 if TYPE_CHECKING:
@@ -401,7 +401,11 @@ def steps_per_update(model: Model, schedule: Schedule, loop: TrainingLoop, site:
     if model.on_update_step(loop, site.stmt):
         return True
     prepared = schedule.prepare is not None and not steps_apart_from_optimizer(model)
-    return prepared and loop.gate is not None and loop.gate.kind in ("accumulate", "sync")
+    return (
+        prepared
+        and loop.gate is not None
+        and loop.gate.kind in (GateKind.ACCUMULATE, GateKind.SYNC)
+    )
 
 
 def accumulation_value(model: Model, loop: TrainingLoop) -> cst.BaseExpression | None:

@@ -24,6 +24,7 @@ from linter.model.cst_util import (
     walk,
 )
 from linter.model.functions import Def, Scope, Stmt
+from linter.model.kinds import EngineKind
 from linter.model.loops import same_path
 from linter.model.setup import _callee_kind
 
@@ -217,7 +218,7 @@ def _find_early_moves(model) -> list[EarlyMove]:
     found = []
     for prepared in model.setup.prepared.values():
         engine = model.setup.engines.get(prepared.engine)
-        if engine is None or engine.kind not in ("accelerate", "guard"):
+        if engine is None or engine.kind not in (EngineKind.ACCELERATE, EngineKind.GUARD):
             continue
         if not _engine_places(engine) or keyword(prepared.node, "device_placement") is not None:
             continue
@@ -516,7 +517,7 @@ def _find_helper_moves(model) -> list[HelperMove]:
     engines = [
         e
         for e in model.setup.engines.values()
-        if e.kind in ("accelerate", "guard") and _engine_places(e)
+        if e.kind in (EngineKind.ACCELERATE, EngineKind.GUARD) and _engine_places(e)
     ]
     if not engines:
         return []
