@@ -90,7 +90,7 @@ def _show_loops(path: Path, output_format: OutputFormat) -> int:
     from linter.show_loops import as_json, as_tree, describe
     from linter.source import SourceError
 
-    _enable_project([path])
+    _enable_project([path], [(path, None)])
     try:
         description = describe(str(path))
     except SourceError as exc:
@@ -224,7 +224,7 @@ def _lint_files(paths, resolver, mode, printer, no_cache):
 
         cache = Cache(default_directory(resolver.project.root))
     named = frozenset(os.path.abspath(p) for p in paths if not p.is_dir())
-    _enable_project(paths)
+    _enable_project(paths, found.files)
     report = runner.run(found.files, mode, cache, named)
     if cache is not None:
         cache.save()
@@ -235,7 +235,7 @@ def _lint_files(paths, resolver, mode, printer, no_cache):
     return report
 
 
-def _enable_project(paths) -> None:
+def _enable_project(paths, files) -> None:
     """Files read from disk are analysed in their project (ACCEL_LINT_NO_PROJECT=1: alone)."""
     from linter import project
 
@@ -245,7 +245,11 @@ def _enable_project(paths) -> None:
     from linter.project.root import find_root
 
     root = find_root(list(paths))
-    project.enable(Project(root) if root is not None else None)
+    if root is None:
+        return project.enable(None)
+    found = Project(root)
+    found.linted = frozenset(os.path.abspath(path) for path, _ in files)
+    project.enable(found)
 
 
 def _check(paths, resolver, mode, printer, no_cache) -> int:

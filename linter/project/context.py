@@ -122,6 +122,8 @@ class Project:
         self._bytes: list[tuple[str, bytes]] | None = None  # every project file, once read
         self._by_path: dict[str, bytes] = {}
         self.notes: list[str] = []
+        # the files this run lints: one that does not parse has its own ACL000, so no note too
+        self.linted: frozenset[str] = frozenset()
         # path -> the other modules its last context consulted: (path, summary key)
         self.used: dict[str, list[tuple[str, str]]] = {}
 
@@ -154,7 +156,7 @@ class Project:
         if found is None or found.path != path:
             found = summarize(path, text, digest, self.modules.package_of(path))
             self._by_digest[digest] = found
-            if found.error:
+            if found.error and path not in self.linted:
                 self.notes.append(f"{self.shown(path)}: {found.error}; nothing learnt from it")
         return found
 
