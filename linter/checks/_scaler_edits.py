@@ -7,6 +7,7 @@ import libcst as cst
 
 from linter.model.cst_util import walk
 from linter.model.functions import Stmt
+from linter.model.kinds import FrameKind
 from linter.types import Edit, Position
 
 
@@ -45,7 +46,9 @@ def delete(ctx, stmt: Stmt) -> Edit | None:
 
 
 def _block_of(stmt: Stmt) -> cst.IndentedBlock | cst.Module | None:
-    enclosing = [f.node for f in stmt.frames if f.kind != "exit"]  # an exit `if` is a sibling
+    enclosing = [
+        f.node for f in stmt.frames if f.kind != FrameKind.EXIT
+    ]  # an exit `if` is a sibling
     root = enclosing[-1] if enclosing else stmt.scope.node
     for node in walk(root):
         if isinstance(node, (cst.IndentedBlock, cst.Module)):

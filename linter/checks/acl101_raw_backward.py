@@ -8,6 +8,7 @@ from linter.context import RuleContext, make_fix
 from linter.model.accumulation import divides_like_engine
 from linter.model.config_space import k_configuration
 from linter.model.cst_util import code, dotted, int_value, strip_parens
+from linter.model.kinds import FrameKind, ScalerRole, SiteKind
 from linter.model.loops import same_path
 from linter.types import Edit, Position
 
@@ -17,7 +18,7 @@ def check(ctx: RuleContext) -> None:
     model = ctx.model
     has_engine = model.setup.constructs_engine()
     for loop in model.loops:
-        for site in loop.of_kind("backward"):
+        for site in loop.of_kind(SiteKind.BACKWARD):
             if _already_scaled(model, site) or _other_branch_owns_backward(model, loop, site):
                 continue
             scaler = _stepping_scaler(model, loop, site)
@@ -31,19 +32,19 @@ def _stepping_scaler(model, loop, backward) -> str | None:
     """The enabled GradScaler this loop steps (or unscales), itself or through a function it
     calls, in an iteration that runs the backward; a scaler stepped only in another branch
     (`if scaler is None: loss.backward()`) owns a different path."""
-    for site in loop.of_kind("scaler_step", "unscale"):
+    for site in loop.of_kind(SiteKind.SCALER_STEP, SiteKind.UNSCALE):
         if not same_path(site.stmt, backward.stmt):
             continue
-        if model.scaler_role(site.receiver, site.stmt.scope) == "enabled":
+        if model.scaler_role(site.receiver, site.stmt.scope) == ScalerRole.ENABLED:
             return site.receiver
-    for call, site in model.step_helper_sites(loop, "scaler_step", "unscale"):
+    for call, site in model.step_helper_sites(loop, SiteKind.SCALER_STEP, SiteKind.UNSCALE):
         if same_path(call, backward.stmt) and _visible_from(site, loop.scope):
-            if model.scaler_role(site.receiver, site.stmt.scope) == "enabled":
+            if model.scaler_role(site.receiver, site.stmt.scope) == ScalerRole.ENABLED:
                 return site.receiver
     caller = loop.gate.caller if loop.gate is not None else None
-    for site in model.reached_sites(loop, backward.stmt, "scaler_step") if caller else ():
+    for site in model.reached_sites(loop, backward.stmt, SiteKind.SCALER_STEP) if caller else ():
         if site.stmt.scope is caller and _visible_from(site, loop.scope):  # `train_step` steps
-            if model.scaler_role(site.receiver, site.stmt.scope) == "enabled":
+            if model.scaler_role(site.receiver, site.stmt.scope) == ScalerRole.ENABLED:
                 return site.receiver
     return None
 
@@ -74,12 +75,14 @@ def _already_scaled(model, site) -> bool:
 
 def _other_branch_owns_backward(model, loop, site) -> bool:
     """`if fp16: scaler.scale(loss).backward() else: loss.backward()`: a deliberate fp32 path."""
-    mine = {(id(f.node), f.holds) for f in site.stmt.frames if f.kind == "if"}
+    mine = {(id(f.node), f.holds) for f in site.stmt.frames if f.kind == FrameKind.IF}
     for other in loop.backwards:
-        if other is site or not (other.kind == "engine_backward" or _already_scaled(model, other)):
+        if other is site or not (
+            other.kind == SiteKind.ENGINE_BACKWARD or _already_scaled(model, other)
+        ):
             continue
         for frame in other.stmt.frames:
-            if frame.kind == "if" and (id(frame.node), not frame.holds) in mine:
+            if frame.kind == FrameKind.IF and (id(frame.node), not frame.holds) in mine:
                 return True
     return False
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from linter.context import RuleContext
 from linter.model import precision_runs
+from linter.model.kinds import SiteKind
 from linter.model.param_dtypes import frozen_names
 from linter.model.precision import (
     FP16,
@@ -129,7 +130,7 @@ def _trained_backward(model, cast: Autocast, scaled: bool = False):
             scaler = scaler_of_backward(model, site) if scaled else None
             if scaler is None and (_scaled(model, site) or _scaler_in_reach(model, scope)):
                 continue
-            if site.kind == "engine_backward" and not _fp32_engine(model, site):
+            if site.kind == SiteKind.ENGINE_BACKWARD and not _fp32_engine(model, site):
                 continue
             if _inside(site.stmt, cast) or _flows_through(model, site, cast, frozen):
                 return (site, scaler) if scaled else site
@@ -159,7 +160,7 @@ def _fp32_engine(model, site) -> bool:
 def _vjp(model, site) -> bool:
     """`out.backward(grad_out)`: a gradient handed in for a non-scalar output (a gradient test,
     a vector-Jacobian product), not a loss being trained."""
-    if site.kind != "backward" or model.is_backward_function(site.call):
+    if site.kind != SiteKind.BACKWARD or model.is_backward_function(site.call):
         return False
     return any(a.keyword is None and not a.star for a in site.call.args)
 

@@ -4,6 +4,7 @@ precision while gradients accumulate."""
 from __future__ import annotations
 
 from linter.context import RuleContext
+from linter.model.kinds import FrameKind
 from linter.model.param_dtypes import ParamCast, accumulates, param_casts
 from linter.model.precision import FP16, engine_precision_of, engines, live_scalers
 from linter.model.precision_runs import scaler_configuration
@@ -39,7 +40,7 @@ def _fp16_training(model) -> tuple[str, str | None] | None:
 def _report_scaled(ctx: RuleContext, cast: ParamCast, scaler: str, name: str | None) -> None:
     # The unscale fails only in the runs where the scaler scales; an unconditional cast makes
     # those the runs of the finding (a cast under an `if` may have a switch of its own: untold).
-    conditional = any(frame.kind == "if" for frame in cast.stmt.frames)
+    conditional = any(frame.kind == FrameKind.IF for frame in cast.stmt.frames)
     ctx.report(
         cast.node,
         f"`{cast.name}` is cast to fp16 and trained with {scaler}: its gradients are fp16 too, "

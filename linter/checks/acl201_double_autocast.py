@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from linter.context import RuleContext, make_fix
 from linter.model.cst_util import is_false, keyword
+from linter.model.kinds import FrameKind, RegionKind
 
 
 def check(ctx: RuleContext) -> None:
@@ -13,7 +14,7 @@ def check(ctx: RuleContext) -> None:
     if not model.has_training_loop():
         return  # inference-only files (pipelines, samplers) use autocast on purpose
     for region in model.regions:
-        if region.kind != "autocast" or not _enabled(region.call):
+        if region.kind != RegionKind.AUTOCAST or not _enabled(region.call):
             continue
         outer = _enclosing_autocast(model, region)
         if outer is not None:
@@ -29,9 +30,9 @@ def _enabled(call) -> bool:
 
 
 def _enclosing_autocast(model, region):
-    inner = {id(f.node) for f in region.frames[:-1] if f.kind == "with"}
+    inner = {id(f.node) for f in region.frames[:-1] if f.kind == FrameKind.WITH}
     for other in model.regions:
-        if other is region or other.kind != "autocast" or not _enabled(other.call):
+        if other is region or other.kind != RegionKind.AUTOCAST or not _enabled(other.call):
             continue
         if id(other.with_node) in inner:
             return other

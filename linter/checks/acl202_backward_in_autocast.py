@@ -7,6 +7,7 @@ import libcst as cst
 from linter.context import RuleContext, make_fix
 from linter.model import distributed as dist
 from linter.model.cst_util import code, walk
+from linter.model.kinds import RegionKind
 from linter.model.precision import FP32, innermost_autocast
 from linter.model.precision_runs import autocast_configuration
 from linter.types import Edit, Position
@@ -125,7 +126,7 @@ def _sync_switch_items(ctx: RuleContext, with_node: cst.With) -> set[int]:
     found = {
         id(r.item)
         for r in ctx.model.regions
-        if r.with_node is with_node and r.kind in ("accumulate", "no_sync")
+        if r.with_node is with_node and r.kind in (RegionKind.ACCUMULATE, RegionKind.NO_SYNC)
     }
     scope = _scope_of(ctx, with_node)
     if scope is not None:

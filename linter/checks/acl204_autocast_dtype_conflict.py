@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from linter.context import RuleContext
 from linter.model import precision_runs
+from linter.model.kinds import FrameKind, SiteKind
 from linter.model.precision import (
     BF16,
     FP16,
@@ -79,9 +80,9 @@ def _inference_only(model, cast: Autocast) -> bool:
     if scope is None or found is None:
         return True
     start = found[2]
-    loops = {id(f.node) for f in cast.region.frames if f.kind == "loop"}
+    loops = {id(f.node) for f in cast.region.frames if f.kind == FrameKind.LOOP}
     for site in model.sites.get(id(scope), []):
-        if site.kind not in ("backward", "engine_backward"):
+        if site.kind not in (SiteKind.BACKWARD, SiteKind.ENGINE_BACKWARD):
             continue
         if site.stmt.order > start or any(id(f.node) in loops for f in site.stmt.frames):
             return False

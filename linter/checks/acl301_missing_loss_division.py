@@ -10,6 +10,7 @@ from linter.context import RuleContext, make_fix
 from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code, dotted, int_value, strip_parens, walk
 from linter.model.evaluation import names_a_model
+from linter.model.kinds import FlowState, GateKind, RegionKind, SiteKind
 from linter.model.loops import same_path
 from linter.model.window_sums import decay_rescaled_by_window
 
@@ -18,18 +19,18 @@ def check(ctx: RuleContext) -> None:
     """Report undivided losses in manual accumulation loops (step gated every K micro-steps)."""
     model = ctx.model
     for loop in model.loops:
-        for site in loop.of_kind("backward", "engine_backward"):
+        for site in loop.of_kind(SiteKind.BACKWARD, SiteKind.ENGINE_BACKWARD):
             if _divided_elsewhere_on_its_path(model, loop, site):
                 continue
             gate = model.gate_for(loop, site.stmt)
             if not _manual_accumulation(model, gate):
                 continue
-            if model.regions_around(site.stmt, "accumulate"):
+            if model.regions_around(site.stmt, RegionKind.ACCUMULATE):
                 continue
             if model.on_update_step(loop, site.stmt):
                 continue
             flow = model.flow(site)
-            if flow is None or flow.state != "undivided" or _handed_k(flow, gate):
+            if flow is None or flow.state != FlowState.UNDIVIDED or _handed_k(flow, gate):
                 continue
             if flow.per_sample or decay_rescaled_by_window(model, gate.k) is not None:
                 continue  # the window sums its samples on purpose (YOLO's nominal batch)
@@ -42,12 +43,12 @@ def _divided_elsewhere_on_its_path(model, loop, site) -> bool:
     (`self._optimizer_step()` calling `self._average_gradients()`), as do those of the loop that
     calls this per-batch function. Another branch (`if fp16: optimizer.backward(loss) else:
     loss.backward()`) does not cover this one."""
-    for other in loop.of_kind("engine_backward"):
+    for other in loop.of_kind(SiteKind.ENGINE_BACKWARD):
         if model.divides_by_k(other) and same_path(other.stmt, site.stmt):
             return True
     if any(_may_scale_gradients(model, loop, c, site) for c in loop.scope.calls):
         return True
-    return bool(model.reached_sites(loop, site.stmt, "grad_div"))
+    return bool(model.reached_sites(loop, site.stmt, SiteKind.GRAD_DIV))
 
 
 _SCALES_GRADS = re.compile(
@@ -107,7 +108,11 @@ def _handed_k(flow, gate) -> bool:
 
 
 def _manual_accumulation(model, gate) -> bool:
-    if gate is None or gate.k is None or gate.kind not in ("modulo", "counter", "micro-loop"):
+    if (
+        gate is None
+        or gate.k is None
+        or gate.kind not in (GateKind.MODULO, GateKind.COUNTER, GateKind.MICRO_LOOP)
+    ):
         return False
     value = model.fixed_int(gate.k)
     return value is None or value > 1

@@ -10,9 +10,15 @@ from linter.model.config_space import k_configuration
 from linter.model.cst_util import code, dotted, int_value, strip_parens, walk
 from linter.model.dataflow import Flow
 from linter.model.functions import Def, Stmt
+from linter.model.kinds import EngineKind, SiteKind
 from linter.types import Edit, Position
 
-_DIVIDING_ENGINES = ("accelerate", "guard", "deepspeed", "unknown")
+_DIVIDING_ENGINES = (
+    EngineKind.ACCELERATE,
+    EngineKind.GUARD,
+    EngineKind.DEEPSPEED,
+    EngineKind.UNKNOWN,
+)
 
 
 def check(ctx: RuleContext) -> None:
@@ -34,7 +40,7 @@ def check(ctx: RuleContext) -> None:
 def _dividing_engine(model, site) -> str | None:
     """The engine of `engine.backward(loss)` when that backward divides by K itself (Fabric's
     and Lightning's `manual_backward` do not; an optimizer's `backward` is not an engine's)."""
-    if site.kind != "engine_backward" or not model.divides_by_k(site):
+    if site.kind != SiteKind.ENGINE_BACKWARD or not model.divides_by_k(site):
         return None
     engine = model.engine_for(site.receiver, site.stmt.scope)
     if engine is None or engine.kind not in _DIVIDING_ENGINES:

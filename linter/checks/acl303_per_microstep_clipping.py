@@ -9,6 +9,7 @@ from linter.context import RuleContext, make_fix
 from linter.model import windows
 from linter.model.config_space import gate_configuration, k_configuration
 from linter.model.cst_util import code, dotted, walk
+from linter.model.kinds import FrameKind, GateKind, RegionKind, SiteKind
 
 
 def check(ctx: RuleContext) -> None:
@@ -18,10 +19,10 @@ def check(ctx: RuleContext) -> None:
         found = []
         gates = {}  # id(site) -> its manual gate
         configs = {}  # id(site) -> the configuration of the K it depends on
-        for site in loop.of_kind("clip", "unscale"):
+        for site in loop.of_kind(SiteKind.CLIP, SiteKind.UNSCALE):
             if model.on_update_step(loop, site.stmt, site.call):
                 continue
-            regions = model.regions_around(site.stmt, "accumulate")
+            regions = model.regions_around(site.stmt, RegionKind.ACCUMULATE)
             if regions and _accumulates_once(model, regions[-1].receiver):
                 continue
             if regions:
@@ -83,10 +84,10 @@ def _whole_ifs(found) -> dict[int, cst.If]:
     whole = {}
     for site, condition, _ in found:
         frames = site.stmt.frames
-        if not frames or frames[-1].kind != "if" or condition is None:
+        if not frames or frames[-1].kind != FrameKind.IF or condition is None:
             continue
         i = len(frames) - 1
-        while i > 0 and frames[i - 1].kind == "if" and not frames[i - 1].holds:
+        while i > 0 and frames[i - 1].kind == FrameKind.IF and not frames[i - 1].holds:
             if frames[i - 1].node.orelse is not frames[i].node:
                 break
             i -= 1
@@ -127,12 +128,12 @@ def _tests(node: cst.If):
 
 
 def _gated_manually(model, gate, site) -> bool:
-    if gate is None or gate.kind == "accumulate":
+    if gate is None or gate.kind == GateKind.ACCUMULATE:
         return False
     value = model.fixed_int(gate.k)
     if value is not None and value <= 1:
         return False
-    if gate.kind == "micro-loop":
+    if gate.kind == GateKind.MICRO_LOOP:
         return any(f.node is gate.node for f in site.stmt.frames)
     return True
 
@@ -166,9 +167,9 @@ def _step_anchor(model, loop, gate, run):
     another fix rewrites (ACL307 adds a last-batch clause, ACL312 shifts an off-by-one test),
     which a copy would miss.
     None when wrapping in place keeps the meaning."""
-    if gate is not None and gate.kind == "micro-loop":
+    if gate is not None and gate.kind == GateKind.MICRO_LOOP:
         return _step_after_micro_loop(loop, gate, run)
-    if gate is None or gate.kind not in ("modulo", "counter") or gate.test is None:
+    if gate is None or gate.kind not in (GateKind.MODULO, GateKind.COUNTER) or gate.test is None:
         return None
     steps = sorted(
         (s.stmt for s in loop.steps if any(f.node is gate.node for f in s.stmt.frames)),
@@ -185,7 +186,7 @@ def _step_anchor(model, loop, gate, run):
         if any(last.order < d.stmt.order < steps[0].order for d in defs)
     }
     divided = any(
-        s.kind == "grad_div"
+        s.kind == SiteKind.GRAD_DIV
         and s.stmt.order < steps[0].order
         and any(f.node is gate.node for f in s.stmt.frames)
         for s in loop.sites

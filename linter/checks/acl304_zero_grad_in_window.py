@@ -7,6 +7,7 @@ from linter.context import RuleContext, make_fix
 from linter.model import windows
 from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code
+from linter.model.kinds import FrameKind, RegionKind, SiteKind
 from linter.model.loops import same_path
 
 
@@ -14,7 +15,7 @@ def check(ctx: RuleContext) -> None:
     """Report zero_grad on every micro-step of a manual window, or before the backward inside
     `accumulate()`."""
     for loop in ctx.model.loops:
-        for site in loop.of_kind("zero_grad"):
+        for site in loop.of_kind(SiteKind.ZERO_GRAD):
             found = _window_it_wipes(ctx.model, loop, site)
             if found is not None:
                 where, steps = found
@@ -23,7 +24,7 @@ def check(ctx: RuleContext) -> None:
 
 def _window_it_wipes(model, loop, site):
     """(where the call runs, the optimizer steps it belongs after) when it wipes a window."""
-    if model.regions_around(site.stmt, "accumulate"):
+    if model.regions_around(site.stmt, RegionKind.ACCUMULATE):
         if _before_backward_in_accumulate(model, loop, site):
             return "at the top of the `accumulate()` block", _steps_later_in_block(loop, site)
         return None
@@ -51,10 +52,10 @@ def _every_micro_step(model, loop, site) -> bool:
 def _before_backward_in_accumulate(model, loop, site) -> bool:
     """Before the backward of its own `accumulate()` block, unconditionally: on the update step
     the prepared `zero_grad` really acts. After `opt.step()` the wrapper gates it."""
-    region = model.regions_around(site.stmt, "accumulate")[-1]
+    region = model.regions_around(site.stmt, RegionKind.ACCUMULATE)[-1]
     if not windows.accumulates_more_than_once(model, region.receiver):
         return False
-    if any(f.kind == "if" for f in site.stmt.frames_inside(region.with_node)):
+    if any(f.kind == FrameKind.IF for f in site.stmt.frames_inside(region.with_node)):
         return False
     if _after_its_own_step(model, loop, site, region):
         return False
@@ -93,7 +94,7 @@ def _report(ctx, loop, site, steps, where: str) -> None:
     fix, notes = None, ()
     if steps:
         step = steps[0]
-        anchor = windows.after_step(ctx.model, loop, step, ("scaler_update",))
+        anchor = windows.after_step(ctx.model, loop, step, (SiteKind.SCALER_UPDATE,))
         edits = _moves.move_after(ctx, site.stmt, anchor)
         if _zeroed_after(loop, site, step):
             edits = [_moves.delete(ctx, site.stmt)] if _moves.movable(ctx, site.stmt) else None
@@ -120,5 +121,5 @@ def _zeroed_after(loop, site, step) -> bool:
         and z.receiver == site.receiver
         and z.stmt.order > step.stmt.order
         and windows.same_block(z.stmt, step.stmt)
-        for z in loop.of_kind("zero_grad")
+        for z in loop.of_kind(SiteKind.ZERO_GRAD)
     )

@@ -8,6 +8,8 @@ from linter.context import RuleContext, make_fix
 from linter.model import schedules, windows
 from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code
+from linter.model.kinds import ScalerRole, SiteKind
+from linter.model.loops import Site
 from linter.model.precision_runs import scaler_configuration
 
 
@@ -15,7 +17,7 @@ def check(ctx: RuleContext) -> None:
     model = ctx.model
     for loop in model.loops:
         flagged = set()
-        for site in loop.of_kind("sched_step"):
+        for site in loop.of_kind(SiteKind.SCHED_STEP):
             if _per_micro_step(model, loop, site):
                 flagged.add(id(site.call))
                 _report_ungated(ctx, loop, site)
@@ -52,7 +54,9 @@ def _report_ungated(ctx, loop, site) -> None:
     steps = windows.update_steps(ctx.model, loop, site.stmt)
     fix = None
     if steps:
-        anchor = windows.after_step(ctx.model, loop, steps[0], ("scaler_update", "zero_grad"))
+        anchor = windows.after_step(
+            ctx.model, loop, steps[0], (SiteKind.SCALER_UPDATE, SiteKind.ZERO_GRAD)
+        )
         edits = _moves.move_after(ctx, site.stmt, anchor)
         if edits is not None:
             fix = make_fix(f"Move `{label}()` into the update-step branch", *edits)
@@ -73,15 +77,19 @@ def _after_scaler_step(model, loop):
     `scaler.step()` / `scaler.update()`, with no test for a skipped step between them."""
     scaler_calls = [
         s
-        for s in loop.of_kind("scaler_step", "scaler_update")
-        if model.scaler_role(s.receiver, s.stmt.scope) == "enabled"
+        for s in loop.of_kind(SiteKind.SCALER_STEP, SiteKind.SCALER_UPDATE)
+        if model.scaler_role(s.receiver, s.stmt.scope) == ScalerRole.ENABLED
     ]
     if not scaler_calls:
         return
-    candidates = [(s, s.stmt) for s in loop.of_kind("sched_step")]
+    candidates = [(s, s.stmt) for s in loop.of_kind(SiteKind.SCHED_STEP)]
     candidates += [(c, c.stmt) for c in windows.ema_updates(model, loop)]
     for call, stmt in candidates:
-        if getattr(call, "kind", None) == "sched_step" and windows.is_plateau_step(model, call):
+        if (
+            isinstance(call, Site)
+            and call.kind == SiteKind.SCHED_STEP
+            and windows.is_plateau_step(model, call)
+        ):
             continue
         before = [s for s in scaler_calls if s.stmt.order < stmt.order]
         if before and windows.same_block(before[-1].stmt, stmt):

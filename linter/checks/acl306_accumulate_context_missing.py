@@ -8,10 +8,18 @@ from linter.context import RuleContext, make_fix
 from linter.model import accumulation
 from linter.model.config_space import k_configuration
 from linter.model.cst_util import code, int_value, walk
+from linter.model.kinds import EngineKind, GateKind, SiteKind
 from linter.types import Edit, Position
 
-_MANUAL_GATES = ("modulo", "counter", "micro-loop")
-_STEP_PART = ("opt_step", "zero_grad", "sched_step", "scaler_step", "clip", "unscale")
+_MANUAL_GATES = (GateKind.MODULO, GateKind.COUNTER, GateKind.MICRO_LOOP)
+_STEP_PART = (
+    SiteKind.OPT_STEP,
+    SiteKind.ZERO_GRAD,
+    SiteKind.SCHED_STEP,
+    SiteKind.SCALER_STEP,
+    SiteKind.CLIP,
+    SiteKind.UNSCALE,
+)
 
 
 def check(ctx: RuleContext) -> None:
@@ -30,9 +38,13 @@ def _accumulating_engine(model, site):
     """The configuration of the engine that owns this backward, when it accumulates: its
     `engine.backward`, or a raw backward of a loss computed by a prepared model."""
     scope = site.stmt.scope
-    if site.kind == "engine_backward":
+    if site.kind == SiteKind.ENGINE_BACKWARD:
         engine = model.engine_for(site.receiver, scope)
-        if engine is None or engine.kind not in ("accelerate", "guard", "unknown"):
+        if engine is None or engine.kind not in (
+            EngineKind.ACCELERATE,
+            EngineKind.GUARD,
+            EngineKind.UNKNOWN,
+        ):
             return None
         name = site.receiver
     elif _loss_of_prepared_model(model, site):
@@ -40,7 +52,7 @@ def _accumulating_engine(model, site):
     else:
         return None
     configured = accumulation.configured_for(model, name)
-    if configured is None or configured.kind not in ("accelerate", "guard"):
+    if configured is None or configured.kind not in (EngineKind.ACCELERATE, EngineKind.GUARD):
         return None
     return configured if configured.accumulates else None
 

@@ -11,6 +11,7 @@ from linter.model.accumulation import exclusive, frames_before, innermost_loop
 from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code
 from linter.model.gates import stepped_optimizer
+from linter.model.kinds import FrameKind
 from linter.model.loops import BACKWARD_KINDS, STEP_KINDS, same_path
 
 
@@ -139,7 +140,7 @@ def _extra_backward(model, region):
     sites = _block_sites(model, region)
     for site in sites:
         inside = site.stmt.frames[len(frames_before(site.stmt.frames, region.with_node)) :]
-        if any(f.kind == "loop" for f in inside):
+        if any(f.kind == FrameKind.LOOP for f in inside):
             return site
     for i, site in enumerate(sites):
         for other in sites[:i]:

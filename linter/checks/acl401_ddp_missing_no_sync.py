@@ -10,6 +10,7 @@ from linter.model import distributed as dist
 from linter.model import fsdp2_models as fsdp2
 from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code, dotted, int_value, walk
+from linter.model.kinds import GateKind, RegionKind
 
 
 def check(ctx: RuleContext) -> None:
@@ -28,10 +29,14 @@ def _accumulation_gate(model, loop):
     """The step gate of a manual accumulation window (K > 1) around a backward of the loop;
     None under `accelerator.accumulate()`, which applies `no_sync` itself."""
     for stmt in [s.stmt for s in loop.backwards] + loop.delegated:  # `self.backward(loss)`
-        if model.regions_around(stmt, "accumulate") or model.on_update_step(loop, stmt):
+        if model.regions_around(stmt, RegionKind.ACCUMULATE) or model.on_update_step(loop, stmt):
             continue
         gate = model.gate_for(loop, stmt)
-        if gate is None or gate.k is None or gate.kind not in ("modulo", "counter", "micro-loop"):
+        if (
+            gate is None
+            or gate.k is None
+            or gate.kind not in (GateKind.MODULO, GateKind.COUNTER, GateKind.MICRO_LOOP)
+        ):
             continue
         value = model.fixed_int(gate.k)
         if value is None or value > 1:
@@ -207,7 +212,7 @@ def _owner_text(model, forward, held) -> str:
 def _common_block(loop, gate, targets):
     """(statements, first index, last index) of the deepest block holding all `targets`,
     starting from the loop (or the micro-step loop); (None, 0, 0) when there is none."""
-    return edits.common_block(gate.node if gate.kind == "micro-loop" else loop.node, targets)
+    return edits.common_block(gate.node if gate.kind == GateKind.MICRO_LOOP else loop.node, targets)
 
 
 def _conditional_context(ctx, loop, gate, block, first, last, no_sync: str):
@@ -235,7 +240,7 @@ def _conditional_context(ctx, loop, gate, block, first, last, no_sync: str):
 
 def _update_condition(ctx, loop, gate, start):
     """(test text, whether the update step is where it holds), readable before `start`."""
-    if gate.kind == "micro-loop":
+    if gate.kind == GateKind.MICRO_LOOP:
         index = dist.range_index(gate.node)
         if index is None:
             return None

@@ -7,6 +7,7 @@ import libcst as cst
 from linter.context import RuleContext, make_fix
 from linter.model import distributed as dist
 from linter.model.cst_util import code, walk
+from linter.model.kinds import EngineKind, FrameKind, SiteKind
 from linter.types import Edit, Position
 
 _ATOMS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float)
@@ -44,9 +45,9 @@ def _averaging_model(model, loop, site) -> str | None:
     found = dist.ddp_models_in(model, loop)
     if found:
         return found[0][0].name
-    if site.kind == "engine_backward":
+    if site.kind == SiteKind.ENGINE_BACKWARD:
         engine = model.engine_for(site.receiver, scope)
-        if engine is not None and engine.kind in ("accelerate", "guard"):
+        if engine is not None and engine.kind in (EngineKind.ACCELERATE, EngineKind.GUARD):
             return f"the model prepared by `{engine.name}`"
     return None
 
@@ -107,7 +108,7 @@ def _delete_statement(ctx, stmt) -> Edit | None:
     line = stmt.line
     if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
         return None
-    frames = [f for f in stmt.frames if f.kind != "exit"]
+    frames = [f for f in stmt.frames if f.kind != FrameKind.EXIT]
     block = _body_of(frames[-1]) if frames else None
     if block is not None and len(block) == 1:
         return None
