@@ -8,6 +8,7 @@ from linter.context import RuleContext, make_fix
 from linter.model import windows
 from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code
+from linter.model.kinds import RegionKind
 
 
 def check(ctx: RuleContext) -> None:
@@ -32,7 +33,7 @@ def _drops_tail(model, window) -> bool:
         return False
     if windows.single_pass(model, window) and windows.ends_on_a_budget(model, window):
         return False
-    return not any(model.regions_around(s, "accumulate") for s in _gate_stmts(window))
+    return not any(model.regions_around(s, RegionKind.ACCUMULATE) for s in _gate_stmts(window))
 
 
 def _gate_stmts(window):

@@ -24,9 +24,10 @@ from linter.model.cst_util import (
     walk,
 )
 from linter.model.functions import Def, Scope, Stmt
-from linter.model.loops import Gate, Site, TrainingLoop, same_path
+from linter.model.kinds import FrameKind, GateKind, RegionKind, SiteKind
+from linter.model.loops import STEP_KINDS, Gate, Site, TrainingLoop, same_path
 
-MANUAL_GATES = ("modulo", "counter", "micro-loop")
+MANUAL_GATES = (GateKind.MODULO, GateKind.COUNTER, GateKind.MICRO_LOOP)
 # Wrappers that keep their iterable's length (`enumerate(tqdm(dl))`).
 _PROGRESS_WRAPPERS = ("tqdm", "track", "progress", "progressbar", "prefetch")
 _EMA_METHODS = ("update", "update_parameters", "step")
@@ -92,7 +93,7 @@ def _build_window_gates(model) -> list[tuple[TrainingLoop, WindowGate]]:
     found, seen = [], set()
     for loop in model.loops:
         gate = loop.gate
-        if gate is None or gate.kind != "modulo" or id(gate.node) in seen:
+        if gate is None or gate.kind != GateKind.MODULO or id(gate.node) in seen:
             continue
         seen.add(id(gate.node))
         window = _window_gate(model, loop, gate)
@@ -231,7 +232,7 @@ def _loop_around(stmt: Stmt, gate_node: cst.CSTNode) -> cst.CSTNode | None:
     for frame in stmt.frames:
         if frame.node is gate_node:
             break
-        if frame.kind == "loop":
+        if frame.kind == FrameKind.LOOP:
             loops.append(frame.node)
     return loops[-1] if loops else None
 
@@ -286,7 +287,7 @@ def _counter_base(
     if len(steps) != 1 or int_value(steps[0].value) != 1 or not starts:
         return None
     step = steps[0]
-    if any(f.kind == "if" for f in step.stmt.frames_inside(loop)):
+    if any(f.kind == FrameKind.IF for f in step.stmt.frames_inside(loop)):
         return None
     if any(f.node is gate.node for f in step.stmt.frames):
         return None
@@ -366,7 +367,7 @@ def tail_flushed_elsewhere(model, window: WindowGate) -> bool:
     node = window.gate.node
     for sites in model.sites.values():
         for site in sites:
-            if site.kind not in ("opt_step", "scaler_step") or site.stmt.scope is not window.scope:
+            if site.kind not in STEP_KINDS or site.stmt.scope is not window.scope:
                 continue
             if any(f.node is node for f in site.stmt.frames):
                 continue
@@ -459,7 +460,11 @@ def _budgets(window: WindowGate) -> list[cst.BaseExpression]:
         for frame in s.frames_inside(window.loop):
             if frame.node is window.gate.node:
                 continue  # the gate's own test counts micro-batches, it sets no budget
-            if frame.kind in ("if", "exit") and frame.holds and frame.test is not None:
+            if (
+                frame.kind in (FrameKind.IF, FrameKind.EXIT)
+                and frame.holds
+                and frame.test is not None
+            ):
                 found.extend(_budget_sides(frame.test))
     return found
 
@@ -526,7 +531,8 @@ def _loop_stmts(window: WindowGate) -> list[Stmt]:
 def _accumulates(model, loop: TrainingLoop) -> bool:
     """Whether the loop enters `accumulate()` anywhere in its body."""
     return any(
-        r.kind == "accumulate" and any(f.node is loop.node for f in r.frames) for r in model.regions
+        r.kind == RegionKind.ACCUMULATE and any(f.node is loop.node for f in r.frames)
+        for r in model.regions
     )
 
 
@@ -556,7 +562,7 @@ def _inside(stmt: Stmt, node: cst.CSTNode) -> bool:
 def runs_every_iteration(loop: TrainingLoop, stmt: Stmt) -> bool:
     """No `if` between the loop and the statement: a test of ours or the user's (a window
     start `if i % K == 0:`, a skip test, an epoch-end test) may make it run once per window."""
-    return not any(f.kind == "if" for f in loop.frames_of(stmt))
+    return not any(f.kind == FrameKind.IF for f in loop.frames_of(stmt))
 
 
 def accumulates_more_than_once(model, receiver: str | None) -> bool:
@@ -644,7 +650,7 @@ def describe(model, loop: TrainingLoop) -> dict | None:
                 "fires_off_by": window.error(),
             }
         )
-    for kind, key in (("zero_grad", "zero_grad"), ("sched_step", "scheduler_step")):
+    for kind, key in ((SiteKind.ZERO_GRAD, "zero_grad"), (SiteKind.SCHED_STEP, "scheduler_step")):
         facts[key] = [
             {"line": model.line(s.call), "where": _where(model, loop, s)}
             for s in loop.of_kind(kind)
@@ -655,6 +661,6 @@ def describe(model, loop: TrainingLoop) -> dict | None:
 def _where(model, loop: TrainingLoop, site: Site) -> str:
     if model.on_update_step(loop, site.stmt):
         return "update step"
-    if model.regions_around(site.stmt, "accumulate"):
+    if model.regions_around(site.stmt, RegionKind.ACCUMULATE):
         return "inside accumulate()"
     return "every micro-step" if runs_every_iteration(loop, site.stmt) else "under another test"
