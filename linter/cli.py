@@ -90,7 +90,7 @@ def _show_loops(path: Path, output_format: OutputFormat) -> int:
     from linter.show_loops import as_json, as_tree, describe
     from linter.source import SourceError
 
-    _enable_project([path], [(path, None)])
+    _enable_project([path], [path])
     try:
         description = describe(str(path))
     except SourceError as exc:
@@ -224,7 +224,7 @@ def _lint_files(paths, resolver, mode, printer, no_cache):
 
         cache = Cache(default_directory(resolver.project.root))
     named = frozenset(os.path.abspath(p) for p in paths if not p.is_dir())
-    _enable_project(paths, found.files)
+    _enable_project(paths, [path for path, _ in found.files])
     report = runner.run(found.files, mode, cache, named)
     if cache is not None:
         cache.save()
@@ -235,8 +235,9 @@ def _lint_files(paths, resolver, mode, printer, no_cache):
     return report
 
 
-def _enable_project(paths, files) -> None:
-    """Files read from disk are analysed in their project (ACCEL_LINT_NO_PROJECT=1: alone)."""
+def _enable_project(paths, linted) -> None:
+    """Files read from disk are analysed in their project (ACCEL_LINT_NO_PROJECT=1: alone);
+    `linted`: the files this run reports on."""
     from linter import project
 
     if os.environ.get("ACCEL_LINT_NO_PROJECT"):
@@ -248,7 +249,7 @@ def _enable_project(paths, files) -> None:
     if root is None:
         return project.enable(None)
     found = Project(root)
-    found.linted = frozenset(os.path.abspath(path) for path, _ in files)
+    found.linted = frozenset(os.path.abspath(path) for path in linted)
     project.enable(found)
 
 
