@@ -9,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-from linter.cli import OutputFormat, _Exit, _lint
+from linter import command
+from linter.command import OutputFormat
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
@@ -52,7 +53,7 @@ def lint(
 ) -> None:
     """Catch silent mixed-precision, gradient-accumulation and data-parallel bugs."""
     try:
-        code = _lint(
+        code = command.lint(
             paths=paths,
             fix=fix,
             unsafe_fixes=unsafe_fixes,
@@ -75,6 +76,6 @@ def lint(
             quiet=quiet,
             hints=hints,
         )
-    except _Exit as exc:
+    except command.Exit as exc:
         raise typer.Exit(exc.code) from None
     raise typer.Exit(code)

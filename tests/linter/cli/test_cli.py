@@ -356,13 +356,13 @@ def test_an_unwritable_file_is_an_error_not_a_crash(project, fake_rules, monkeyp
 
 def test_terminal_renderings_of_explain_and_list_rules(monkeypatch, capsys):
     """On a terminal --explain renders the markdown and --list-rules draws a table (via rich)."""
-    from linter import cli
+    from linter import command
 
-    monkeypatch.setattr(cli, "_colour", lambda stream: True)
+    monkeypatch.setattr(command, "_colour", lambda stream: True)
     monkeypatch.setenv("COLUMNS", "200")
-    cli._explain("ACL101")
+    command._explain("ACL101")
     explained = capsys.readouterr().out
     assert "ACL101 (raw-backward)" in explained and "## What it does" not in explained
-    cli._list_rules()
+    command._list_rules()
     table = capsys.readouterr().out
     assert "accel-lint rules" in table and "raw-backward" in table

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from linter import cli
+from linter import cli, command
 from linter.typer_app import app
 
 COMMAND = typer.main.get_command(app)
@@ -24,12 +24,12 @@ def click_parse(args: list[str]) -> dict:
 
 def normalised(params: dict) -> dict:
     """Defaults filled in; paths and the format as text (typer converts click's values after)."""
-    defaults = {k: p.default for k, p in inspect.signature(cli._lint).parameters.items()}
+    defaults = {k: p.default for k, p in inspect.signature(command.lint).parameters.items()}
 
     def plain(value):
         if isinstance(value, (list, tuple)):
             return [plain(v) for v in value] or None
-        return value.value if isinstance(value, cli.OutputFormat) else _text(value)
+        return value.value if isinstance(value, command.OutputFormat) else _text(value)
 
     return {k: plain(v) for k, v in {**defaults, **params}.items()}
 

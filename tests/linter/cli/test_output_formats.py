@@ -46,16 +46,16 @@ def test_full_shows_excerpt_caret_fix_preview_and_summary(project, fake_rules, i
 
 
 def test_full_colour_only_on_a_terminal_without_no_color(monkeypatch):
-    from linter import cli
+    from linter import command
 
     class Tty:
         def isatty(self):
             return True
 
     monkeypatch.delenv("NO_COLOR", raising=False)
-    assert cli._colour(Tty())
+    assert command._colour(Tty())
     monkeypatch.setenv("NO_COLOR", "1")
-    assert not cli._colour(Tty())
+    assert not command._colour(Tty())
 
 
 def test_full_with_colour_has_ansi_codes_around_the_same_text():
