@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from linter.checks._scaler_edits import insert_after
 from linter.context import RuleContext, make_fix
+from linter.edits import insert_after
 from linter.model import scaler_protocol as protocol
 from linter.model import scaler_updates
 from linter.model.precision_runs import scaler_configuration

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from linter.checks._scaler_edits import delete, insert_after
 from linter.context import RuleContext, make_fix
+from linter.edits import delete_alone, insert_after
 from linter.model import scaler_protocol as protocol
 from linter.model import scaler_updates
 from linter.model.precision_runs import scaler_configuration
@@ -21,7 +21,7 @@ def _report(ctx, missing: scaler_updates.MissingUpdate) -> None:
     scaler = missing.scaler
     site = missing.steps[-1]
     edits = [insert_after(ctx, missing.anchor, f"{scaler}.update()")]
-    edits += [delete(ctx, update) for update in missing.partial]
+    edits += [delete_alone(ctx, update) for update in missing.partial]
     message = f"Call `{scaler}.update()` after the step"
     if missing.partial:
         message += " on every iteration (instead of in the branch)"

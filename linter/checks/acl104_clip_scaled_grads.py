@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from linter.checks._scaler_edits import insert_before
 from linter.context import RuleContext, make_fix
+from linter.edits import insert_before
 from linter.model import scaler_clipping as clipping
 from linter.model.cst_util import code, last_part
 from linter.model.precision_runs import scaler_configuration

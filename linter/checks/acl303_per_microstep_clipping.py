@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from linter.checks import _moves as moves
 from linter.context import RuleContext, make_fix
+from linter.edits import consecutive, move_before
 from linter.model import windows
 from linter.model.config_space import gate_configuration, k_configuration
 from linter.model.cst_util import code, dotted, walk
@@ -67,7 +67,7 @@ def _runs(found):
                 if unit is previous_unit:
                     runs[-1].append(item)
                     continue
-            elif condition == previous_condition and moves.consecutive(
+            elif condition == previous_condition and consecutive(
                 site.stmt.scope.node, [previous.stmt.line, site.stmt.line]
             ):
                 runs[-1].append(item)
@@ -252,7 +252,7 @@ def _report_run(ctx, run, anchor=None, unit=None, configs=None) -> None:
     elif anchor is _STAYS:
         pass
     elif anchor is not None:
-        edits = moves.move_before(ctx, [s.stmt for s, _, _ in run], anchor)
+        edits = move_before(ctx, [s.stmt for s, _, _ in run], anchor)
         fix = make_fix("Move it into the update-step branch", *(edits or []))
     elif condition is not None:
         lines = [unit] if unit is not None else [s.stmt.line for s, _, _ in run]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from linter.checks import _moves
 from linter.context import RuleContext, make_fix
+from linter.edits import delete_line, movable, move_after
 from linter.model import windows
 from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code
@@ -95,9 +95,9 @@ def _report(ctx, loop, site, steps, where: str) -> None:
     if steps:
         step = steps[0]
         anchor = windows.after_step(ctx.model, loop, step, (SiteKind.SCALER_UPDATE,))
-        edits = _moves.move_after(ctx, site.stmt, anchor)
+        edits = move_after(ctx, site.stmt, anchor)
         if _zeroed_after(loop, site, step):
-            edits = [_moves.delete(ctx, site.stmt)] if _moves.movable(ctx, site.stmt) else None
+            edits = [delete_line(ctx, site.stmt)] if movable(ctx, site.stmt) else None
         if edits is not None:
             fix = make_fix(f"Move `{label}()` after the optimizer step", *edits)
     else:

@@ -3,8 +3,8 @@ as a hint, straight after a GradScaler step that may have been skipped (variant 
 
 from __future__ import annotations
 
-from linter.checks import _moves
 from linter.context import RuleContext, make_fix
+from linter.edits import move_after
 from linter.model import schedules, windows
 from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code
@@ -57,7 +57,7 @@ def _report_ungated(ctx, loop, site) -> None:
         anchor = windows.after_step(
             ctx.model, loop, steps[0], (SiteKind.SCALER_UPDATE, SiteKind.ZERO_GRAD)
         )
-        edits = _moves.move_after(ctx, site.stmt, anchor)
+        edits = move_after(ctx, site.stmt, anchor)
         if edits is not None:
             fix = make_fix(f"Move `{label}()` into the update-step branch", *edits)
     ctx.report(
