@@ -40,12 +40,20 @@ class RuleContext:
         start, end = node if isinstance(node, tuple) else self.span(node)
         if fix is not None and fix.applicability is None:
             fix = replace(fix, applicability=record_applicability(self.code))
+        if fix is not None and self.model.instance_calls and self._edits_a_called_class(start, fix):
+            fix = None
         severity = latent_severity(configuration, severity)
         diagnostic = Diagnostic(
             self.code, message, self.path, start, end, fix, notes, severity, configuration
         )
         self.diagnostics.append(diagnostic)
         return diagnostic
+
+    def _edits_a_called_class(self, start: Position, fix: Fix) -> bool:
+        from linter.model.classes import edits_a_called_class
+
+        lines = [line for e in fix.edits for line in (e.start.line, e.end.line)]
+        return edits_a_called_class(self.model, start.line, lines)
 
     def span(self, node: cst.CSTNode) -> tuple[Position, Position]:
         found = self.model.positions.range(node)

@@ -61,6 +61,8 @@ def _visible_from(site, scope) -> bool:
 
 
 def _already_scaled(model, site) -> bool:
+    if site.scaler is not None:
+        return True  # a loss scaler's call: its `__call__` scales the loss it is handed
     loss = model.loss_expr(site)
     func = site.call.func
     scope = site.stmt.scope

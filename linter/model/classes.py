@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from linter.model.cst_util import dotted
-from linter.model.functions import Def, Scope, Stmt
+from linter.model.cst_util import dotted, method_call, positional
+from linter.model.functions import CallSite, Def, Frame, Scope, Stmt
 from linter.model.kinds import FrameKind, RegionKind, SiteKind
 from linter.model.loops import Site
 
@@ -269,17 +269,184 @@ def _called_sites(graph, sites, scope: Scope, via: Stmt | None, depth: int, seen
     return found
 
 
-def _seen_at(site: Site, call: Stmt) -> Site:
-    """The method's site as a statement of the caller, at the call (in the method's order)."""
+def _seen_at(site: Site, call: Stmt, frames: tuple[Frame, ...] | None = None) -> Site:
+    """The method's site as a statement of the caller, at the call (in the method's order);
+    `frames`: the method's frames as the call sees them, when not its own."""
     own = site.stmt
     stmt = Stmt(
         own.node,
         own.line,
         own.index,
-        call.frames + own.frames,
+        call.frames + (own.frames if frames is None else frames),
         call.order + own.order / 1e6,
         call.scope,
         own.comprehensions,
         via=call,
     )
     return Site(site.kind, site.call, stmt, site.receiver, site.node)
+
+
+# an instance of a module class called ---------------------------------------------------------
+# A loss scaler (MAE's `NativeScalerWithGradNormCount`) is called, not stepped: `loss_scaler(loss,
+# optimizer, clip_grad=..., parameters=..., update_grad=(i + 1) % K == 0)` runs its `__call__`,
+# which scales the loss, backpropagates, and on the update step unscales, clips, steps and
+# updates. For the loop model the call is that backward, and the update step at the call: its
+# `if update_grad:` is the condition the caller passes.
+_INSTANCE_DEPTH = 3  # callers followed to find what an instance parameter was built as
+# What the call stands for in the caller's loop: its backward and its (gated) update step. The
+# clip and the unscale stay the class's own, judged in `__call__` itself (`scaler_protocol`'s
+# wrapper bodies): seen at the call too, each finding in them would be said twice.
+_INSTANCE_STEP_KINDS = {SiteKind.SCALER_STEP, SiteKind.SCALER_UPDATE, SiteKind.OPT_STEP}
+
+
+@dataclass(frozen=True)
+class InstanceCall:
+    """A call of an instance of a module class: `call` runs `method` (its `__call__`) with
+    `bindings` (each parameter's argument, else its default)."""
+
+    call: CallSite
+    method: Scope
+    instance: str  # the caller's name for the instance (`loss_scaler`, `self.loss_scaler`)
+    bindings: dict[str, cst.BaseExpression]
+
+
+def instance_calls(graph) -> list[InstanceCall]:
+    """The module's calls of instances of its own classes that define `__call__`."""
+    methods = {s.class_name: s for s in graph.function_defs.get("__call__", ()) if s.class_name}
+    found = []
+    for call in graph.calls if methods else ():
+        text = dotted(call.call.func)
+        if text is None or not _names_an_instance(text) or text in graph.function_defs:
+            continue
+        classes = _classes_of(graph, methods, text, call.stmt.scope, _INSTANCE_DEPTH)
+        if len(classes) == 1 and None not in classes:
+            method = methods[next(iter(classes))]
+            bindings = _bindings(method, call.call)
+            if bindings is not None:
+                found.append(InstanceCall(call, method, text, bindings))
+    return found
+
+
+def _names_an_instance(text: str) -> bool:
+    return "." not in text or (text.startswith("self.") and text.count(".") == 1)
+
+
+def _classes_of(graph, methods, text: str, scope: Scope, depth: int) -> set[str | None]:
+    """The classes `text` is an instance of where `scope` reads it (None: something else, or
+    unknown): its assignments there, in the class's methods for `self.x`, at module level, or
+    what the callers pass when it is a parameter."""
+    if text.startswith("self."):
+        defs = [d for d in graph.module_defs(text) if d.stmt.scope.class_name == scope.class_name]
+    else:
+        defs = scope.defs.get(text) or (
+            [] if text in scope.params else graph.scopes[0].defs.get(text, [])
+        )
+    found: set[str | None] = set()
+    for d in defs:
+        value = d.value if d.op == "=" and d.tuple_index is None else None
+        name = dotted(value.func) if isinstance(value, cst.Call) else None
+        found.add(name if name in methods else None)
+    if not defs and text in scope.params and depth > 0:
+        for expr, stmt in graph.argument_sites(scope, text):
+            passed = dotted(expr)
+            if passed is None:
+                found.add(None)
+            else:
+                found |= _classes_of(graph, methods, passed, stmt.scope, depth - 1)
+    return found or {None}
+
+
+def _bindings(method: Scope, call: cst.Call) -> dict[str, cst.BaseExpression] | None:
+    """Each parameter of `method` but `self`: what `call` passes, else its default (None when
+    the call unpacks `*args`/`**kwargs`, so what goes where is unknown)."""
+    if any(a.star for a in call.args):
+        return None
+    names = list(method.params)[1:]
+    bound: dict[str, cst.BaseExpression] = {}
+    positional_args = [a.value for a in call.args if a.keyword is None]
+    for name, value in zip(names, positional_args, strict=False):  # extra ones: `*args`
+        bound[name] = value
+    for arg in call.args:
+        if arg.keyword is not None:
+            bound[arg.keyword.value] = arg.value
+    for name in names:
+        default = method.params[name].default
+        if name not in bound and default is not None:
+            bound[name] = default
+    return bound
+
+
+def inline_instance_calls(graph, sites: dict[int, list[Site]]) -> list[InstanceCall]:
+    """Add to each caller's sites what its loss scaler's call does: a backward of the loss it
+    passes, at the call, and the `__call__`'s update-step sites seen at the call, under the
+    conditions the call passes."""
+    found = []
+    for instance in instance_calls(graph):
+        own = sites.get(id(instance.method), ())
+        backward = _scaled_loss_param(instance, own)
+        if backward is None:
+            continue  # a callable that does not backpropagate what it is handed stays opaque
+        loss, scaler = backward
+        call = instance.call
+        added = [Site(SiteKind.BACKWARD, call.call, call.stmt, loss=loss, scaler=scaler)]
+        for site in own:
+            if site.kind in _INSTANCE_STEP_KINDS and site.stmt.via is None:
+                added.append(_called_with(site, instance))
+        key = id(call.stmt.scope)
+        sites[key] = sorted(sites[key] + added, key=lambda s: s.stmt.order)
+        found.append(instance)
+    return found
+
+
+def _scaled_loss_param(instance: InstanceCall, own: list[Site]) -> tuple | None:
+    """(the argument passed as the loss, the scaler in the caller's words) when `__call__`
+    backpropagates `self.<scaler>.scale(<parameter>)`."""
+    for site in own:
+        if site.kind != SiteKind.BACKWARD or site.call is None:
+            continue
+        func = site.call.func
+        scaled = func.value if isinstance(func, cst.Attribute) else None
+        pair = method_call(scaled) if scaled is not None else None
+        if pair is None or pair[1] != "scale" or not positional(scaled):
+            return None
+        loss = dotted(positional(scaled)[0])
+        receiver = dotted(pair[0]) or ""
+        if loss not in instance.bindings or not receiver.startswith("self."):
+            return None
+        scaler = instance.instance + receiver[len("self") :]
+        return instance.bindings[loss], scaler
+    return None
+
+
+def edits_a_called_class(model: Model, at: int, lines: list[int]) -> bool:
+    """Whether a fix of a finding on line `at` edits `lines` inside the `__call__` of a class
+    whose instance the module calls, from outside it: the finding is the caller's (its
+    zero_grad, seen against the class's step), and the class is every caller's."""
+    for instance in model.instance_calls:
+        found = model.positions.range(instance.method.node)
+        inside = range(found.start.line, found.end.line + 1)
+        if at not in inside and any(line in inside for line in lines):
+            return True
+    return False
+
+
+def _called_with(site: Site, instance: InstanceCall) -> Site:
+    """A site of `__call__` seen at the call: its `if update_grad:` tests what the call passes
+    for `update_grad`, and `self._scaler` is the instance's."""
+    frames = tuple(_bound_frame(f, instance.bindings) for f in site.stmt.frames)
+    seen = _seen_at(site, instance.call.stmt, frames)
+    receiver = site.receiver
+    if receiver is not None and receiver.startswith("self."):
+        seen.receiver = instance.instance + receiver[len("self") :]
+    return seen
+
+
+def _bound_frame(frame: Frame, bindings: dict[str, cst.BaseExpression]) -> Frame:
+    """`if update_grad:` / `if not update_grad:` with the parameter's argument as its test."""
+    test = frame.test
+    negated = isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not)
+    name = dotted(test.expression if negated else test) if test is not None else None
+    if frame.kind not in (FrameKind.IF, FrameKind.EXIT) or name not in bindings:
+        return frame
+    holds = frame.holds != negated
+    return Frame(frame.kind, frame.node, holds, condition=bindings[name])

@@ -26,9 +26,14 @@ class Frame:
     kind: FrameKind
     node: cst.CSTNode
     holds: bool = True
+    # what the test is at a call of the function it is in: `update_grad=(i + 1) % K == 0`
+    # passed to a loss scaler's `__call__` for its `if update_grad:`
+    condition: cst.BaseExpression | None = None
 
     @property
     def test(self) -> cst.BaseExpression | None:
+        if self.condition is not None:
+            return self.condition
         return self.node.test if isinstance(self.node, (cst.If, cst.While)) else None
 
 

@@ -32,6 +32,10 @@ class Site:
     stmt: Stmt
     receiver: str | None = None
     node: cst.CSTNode | None = None  # the reported node when it is not a call (`p.grad /= N`)
+    # a loss scaler's call standing for its `__call__`'s backward: the loss it is handed and
+    # the scaler that scales it (`loss_scaler(loss, optimizer)`; see `classes.InstanceCall`)
+    loss: cst.BaseExpression | None = None
+    scaler: str | None = None
 
 
 @dataclass(eq=False)

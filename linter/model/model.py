@@ -19,7 +19,12 @@ import libcst as cst
 
 from linter.model import constants, cst_util
 from linter.model.callgraph import CallGraph
-from linter.model.classes import Classes, entered_region, inline_method_sites
+from linter.model.classes import (
+    Classes,
+    entered_region,
+    inline_instance_calls,
+    inline_method_sites,
+)
 from linter.model.cst_util import method_call
 from linter.model.dataflow import Flow, trace_loss
 from linter.model.functions import CallSite, Def, Scope, ScopeCollector, Stmt
@@ -80,6 +85,7 @@ class Model:
         for scope in self.scopes:
             self.sites[id(scope)] = finder.sites(scope)
         inline_method_sites(self.graph, self.sites)  # a trainer's step split over methods
+        self.instance_calls = inline_instance_calls(self.graph, self.sites)  # a loss scaler
         for scope in self.scopes:
             sites = self.sites[id(scope)]
             per_batch = self.graph.called_in_loop(scope)

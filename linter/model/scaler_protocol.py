@@ -129,20 +129,24 @@ def scaler_of_backward(model: Model, site: Site) -> str | None:
     bound to one. A literal `enabled=False` scaler scales nothing, so it answers None."""
     if site.kind != SiteKind.BACKWARD or site.call is None:
         return None
-    call = site.call
-    if model.is_backward_function(call):
-        args = positional(call)
-        start = args[0] if args else None
-    elif isinstance(call.func, cst.Attribute):
-        start = call.func.value
-    else:
-        return None
-    if start is None:
-        return None
-    scaler = _scaler_of_value(model, start, site.stmt.scope, site.stmt.order, 0)
+    scaler = site.scaler  # a loss scaler's call (`loss_scaler(loss, optimizer)`) names it
+    if scaler is None:
+        start = _backward_start(model, site.call)
+        if start is None:
+            return None
+        scaler = _scaler_of_value(model, start, site.stmt.scope, site.stmt.order, 0)
     if scaler is None or model.scaler_role(scaler, site.stmt.scope) == ScalerRole.DISABLED:
         return None
     return scaler
+
+
+def _backward_start(model: Model, call: cst.Call) -> cst.BaseExpression | None:
+    """The tensor a backward call starts from: `X` of `X.backward()` or of
+    `torch.autograd.backward(X)`."""
+    if model.is_backward_function(call):
+        args = positional(call)
+        return args[0] if args else None
+    return call.func.value if isinstance(call.func, cst.Attribute) else None
 
 
 def _scaler_of_value(model: Model, value, scope: Scope, order: int, depth: int) -> str | None:

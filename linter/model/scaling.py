@@ -25,8 +25,8 @@ class Scaling:
     def loss_expr(self, site: Site) -> cst.BaseExpression | None:
         """The loss a backward site starts from (inside `scaler.scale(...)` when scaled)."""
         call = site.call
-        if call is None:
-            return None
+        if call is None or site.loss is not None:
+            return site.loss
         if site.kind == SiteKind.ENGINE_BACKWARD or self.is_backward_function(call):
             args = positional(call)
             return args[0] if args else None

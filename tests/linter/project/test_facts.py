@@ -337,13 +337,91 @@ def test_the_scaler_class_reaches_the_engine(tree, at):
     assert ("main", "main.py", at(SCALER_MAIN, "def main")[0]) in facts
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23: the model does not read an instance's __call__")
 def test_loss_scaler_call_is_the_backward_and_the_gated_step(tree, at):
     tree.write({"engine.py": SCALER_ENGINE.replace("(loss, optimizer", "(loss * 1.0, optimizer"),
                 "main.py": SCALER_MAIN, "util/__init__.py": "",
                 "util/misc.py": NATIVE_SCALER})  # fmt: skip
     engine = tree.text("engine.py")
-    assert tree.findings("engine.py", "ACL301") == [("ACL301", *at(engine, "loss_scaler(loss"))]
+    (found,) = tree.diagnostics("engine.py", "ACL301")
+    assert (found.start.line, found.start.column) == at(engine, "loss_scaler(loss")
+    assert found.message.startswith("`loss * 1.0` is backpropagated undivided")
+    (edit,) = found.fix.edits  # the loss handed to the scaler is divided, in the engine
+    assert edit.content == "(loss * 1.0) / accum_iter"
+    assert edit.start.line == at(engine, "loss_scaler(loss")[0]
+    assert tree.findings("engine.py", "ACL301", alone=True) == []
+
+
+# MAE / ConvNeXt's engine: the loss divided by accum_iter before the call, the update gated
+MAE_ENGINE = """
+import math
+import sys
+
+import torch
+
+
+def train_one_epoch(model, data_loader, optimizer, loss_scaler, accum_iter, max_norm=None):
+    model.train(True)
+    optimizer.zero_grad()
+    for data_iter_step, (samples, targets) in enumerate(data_loader):
+        with torch.cuda.amp.autocast():
+            loss = torch.nn.functional.cross_entropy(model(samples), targets)
+        loss_value = loss.item()
+        if not math.isfinite(loss_value):
+            sys.exit(1)
+        loss /= accum_iter
+        loss_scaler(loss, optimizer, clip_grad=max_norm, parameters=model.parameters(),
+                    update_grad=(data_iter_step + 1) % accum_iter == 0)
+        if (data_iter_step + 1) % accum_iter == 0:
+            optimizer.zero_grad()
+        torch.cuda.synchronize()
+"""
+
+STEP_CODES = ("ACL101", "ACL102", "ACL103", "ACL104", "ACL301", "ACL302", "ACL303", "ACL304",
+              "ACL305", "ACL307", "ACL312")  # fmt: skip
+ZEROED_EVERY_STEP = MAE_ENGINE.replace(
+    "        if (data_iter_step + 1) % accum_iter == 0:\n            optimizer.zero_grad()\n", ""
+).replace(
+    "        loss /= accum_iter\n", "        loss /= accum_iter\n        optimizer.zero_grad()\n"
+)
+
+
+def _scaler_project(tree, engine: str, misc: str = NATIVE_SCALER):
+    tree.write({"engine.py": engine, "main.py": SCALER_MAIN, "util/__init__.py": "",
+                "util/misc.py": misc})  # fmt: skip
+
+
+def test_mae_engine_through_its_loss_scaler_is_clean(tree, at):
+    _scaler_project(tree, MAE_ENGINE)
+    assert tree.findings("engine.py", *STEP_CODES) == []
+
+
+def test_loss_scaler_call_without_update_grad_steps_every_call(tree, at):
+    """update_grad left at its default True: the scaler steps on every call, no window."""
+    engine = MAE_ENGINE.replace(
+        ",\n                    update_grad=(data_iter_step + 1) % accum_iter == 0)", ")"
+    ).replace("        loss /= accum_iter\n", "")
+    _scaler_project(tree, engine)
+    assert tree.findings("engine.py", *STEP_CODES) == []
+
+
+def test_zero_grad_every_micro_step_wipes_the_loss_scalers_window(tree, at):
+    _scaler_project(tree, ZEROED_EVERY_STEP)
+    (found,) = tree.diagnostics("engine.py", *STEP_CODES)
+    assert (found.code, found.start.line, found.start.column) == (
+        "ACL304",
+        *at(ZEROED_EVERY_STEP, "optimizer.zero_grad()", 1),
+    )
+    assert found.fix is None  # the step is inside the class: no line of the engine follows it
+    assert tree.findings("engine.py", "ACL304", alone=True) == []
+
+
+def test_a_callable_that_does_not_backpropagate_is_opaque(tree, at):
+    """An instance called with the loss whose `__call__` only logs it is no backward."""
+    logger = NATIVE_SCALER.replace(
+        "        self._scaler.scale(loss).backward()\n", "        print(loss.item())\n"
+    )
+    _scaler_project(tree, MAE_ENGINE.replace("        loss /= accum_iter\n", ""), logger)
+    assert tree.findings("engine.py", "ACL301", "ACL304") == []
 
 
 # argparse defaults in another module -------------------------------------------------------------

@@ -364,3 +364,74 @@ def test_ddp_trainer_split_into_methods_syncs_every_micro_step(acl401, at):
                 self.train_step(x, y)
     """
     assert acl401.findings(source) == [("ACL401", *at(source, "self.model(x)"))]
+
+
+# a loss scaler class called by its instance, in the same file ------------------------------------
+SCALER_CLASS = """
+import torch
+
+
+class NativeScaler:
+    def __init__(self):
+        self._scaler = torch.amp.GradScaler("cuda")
+
+    def __call__(self, loss, optimizer, clip_grad=None, parameters=None, update_grad=True):
+        self._scaler.scale(loss).backward()
+        if update_grad:
+            self._scaler.unscale_(optimizer)
+            if clip_grad is not None:
+                torch.nn.utils.clip_grad_norm_(parameters, clip_grad)
+            self._scaler.step(optimizer)
+            self._scaler.update()
+
+
+def train_one_epoch(model, loader, optimizer, loss_scaler, accum_iter):
+    optimizer.zero_grad()
+    for step, (x, y) in enumerate(loader):
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss /= accum_iter
+        loss_scaler(loss, optimizer, clip_grad=1.0, parameters=model.parameters(),
+                    update_grad=(step + 1) % accum_iter == 0)
+        if (step + 1) % accum_iter == 0:
+            optimizer.zero_grad()
+
+
+def main(args):
+    model = build_model().cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loss_scaler = NativeScaler()
+    for epoch in range(args.epochs):
+        train_one_epoch(model, train_loader, optimizer, loss_scaler, args.accum_iter)
+"""
+
+
+def test_loss_scaler_class_of_the_same_file_is_a_correct_step():
+    assert _all_codes(SCALER_CLASS) == []
+
+
+def test_loss_scaler_class_of_the_same_file_handed_an_undivided_loss(acl301, at):
+    source = SCALER_CLASS.replace("        loss /= accum_iter\n", "")
+    assert acl301.findings(source) == [("ACL301", *at(source, "loss_scaler(loss"))]
+    assert "        loss = loss / accum_iter\n        loss_scaler(loss" in acl301.fixed(source)
+
+
+def test_loss_scaler_class_clipping_before_it_unscales(acl104, at):
+    """Said once, in the class (the change is there), not again at each call."""
+    source = SCALER_CLASS.replace("            self._scaler.unscale_(optimizer)\n", "")
+    clip = "torch.nn.utils.clip_grad_norm_(parameters, clip_grad)"
+    assert acl104.findings(source) == [("ACL104", *at(source, clip))]
+    assert "        self._scaler.unscale_(optimizer)\n                " in acl104.fixed(source)
+
+
+def test_zero_grad_every_micro_step_before_the_loss_scaler_call(acl304, at):
+    source = SCALER_CLASS.replace(
+        "        if (step + 1) % accum_iter == 0:\n            optimizer.zero_grad()\n", ""
+    ).replace(
+        "        loss /= accum_iter\n",
+        "        loss /= accum_iter\n        optimizer.zero_grad()\n",
+    )
+    (found,) = acl304.diagnostics(source)
+    assert (found.start.line, found.start.column) == at(source, "optimizer.zero_grad()", 1)
+    assert found.fix is None  # after the class's step is no line of this loop
+    assert _all_codes(source) == [("ACL304", *at(source, "optimizer.zero_grad()", 1))]
