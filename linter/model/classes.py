@@ -17,7 +17,7 @@ import libcst as cst
 
 from linter.model.cst_util import dotted, method_call, positional
 from linter.model.functions import CallSite, Def, Frame, Scope, Stmt
-from linter.model.kinds import FrameKind, RegionKind, SiteKind
+from linter.model.kinds import ContextKind, FrameKind, RegionKind, SiteKind
 from linter.model.loops import Site
 
 if TYPE_CHECKING:
@@ -114,10 +114,10 @@ _CONTEXT_DECORATORS = {"contextlib.contextmanager", "contextmanager"}
 
 @dataclass(frozen=True)
 class Entered:
-    """One context a context manager enters: `kind` ("no_sync", "autocast", "no_grad", ...),
-    the call that enters it, and whether it is entered on some paths only (`if sync: yield`)."""
+    """One context a context manager enters: its kind, the call that enters it, and whether it
+    is entered on some paths only (`if sync: yield`)."""
 
-    kind: str
+    kind: ContextKind
     call: cst.Call
     conditional: bool
 
@@ -127,7 +127,7 @@ class ContextSummary:
     name: str
     enters: tuple[Entered, ...]
 
-    def kinds(self) -> set[str]:
+    def kinds(self) -> set[ContextKind]:
         return {e.kind for e in self.enters}
 
 
@@ -170,26 +170,27 @@ def _decorator(decorator: cst.Decorator) -> cst.BaseExpression:
 
 
 _CONTEXT_FUNCTIONS = {
-    "torch.no_grad": "no_grad",
-    "torch.inference_mode": "no_grad",
-    "torch.enable_grad": "enable_grad",
+    "torch.no_grad": ContextKind.NO_GRAD,
+    "torch.inference_mode": ContextKind.NO_GRAD,
+    "torch.enable_grad": ContextKind.ENABLE_GRAD,
 }
 
 
-def _context_kind(model: Model, call: cst.Call, scope: Scope) -> str | None:
+def _context_kind(model: Model, call: cst.Call, scope: Scope) -> ContextKind | None:
     """The kind of context `call` makes, as the regions of the loop model name them."""
     from linter.model.sites import AUTOCAST
 
     qualified = model.imports.qualify(call.func) or ""
     if qualified in AUTOCAST:
-        return "autocast"
+        return ContextKind.AUTOCAST
     if qualified in _CONTEXT_FUNCTIONS:
         return _CONTEXT_FUNCTIONS[qualified]
     func = call.func
     if isinstance(func, cst.Attribute) and func.attr.value == "no_sync":
-        return "no_sync"
+        return ContextKind.NO_SYNC
     if isinstance(func, cst.Attribute) and func.attr.value == "autocast":
-        return "engine_autocast" if model.engine_for(dotted(func.value), scope) else None
+        engine = model.engine_for(dotted(func.value), scope)
+        return ContextKind.ENGINE_AUTOCAST if engine else None
     return None
 
 
@@ -202,7 +203,7 @@ def entered_region(model: Model, call: cst.Call) -> tuple[RegionKind, cst.Call] 
     if summary is None:
         return None
     for entered in summary.enters:
-        if entered.kind == RegionKind.AUTOCAST and not entered.conditional:
+        if entered.kind == ContextKind.AUTOCAST and not entered.conditional:
             return RegionKind.AUTOCAST, entered.call
     return None
 

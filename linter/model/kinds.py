@@ -62,6 +62,21 @@ class RegionKind(StrEnum):
     """`with model.no_sync():`: DDP skips the gradient all-reduce."""
 
 
+class ContextKind(StrEnum):
+    """What a context manager of the module enters (`classes.Entered`)."""
+
+    AUTOCAST = "autocast"
+    """`torch.autocast(...)` and its older spellings."""
+    ENGINE_AUTOCAST = "engine_autocast"
+    """`accelerator.autocast()`."""
+    NO_SYNC = "no_sync"
+    """`model.no_sync()`."""
+    NO_GRAD = "no_grad"
+    """`torch.no_grad()` / `torch.inference_mode()`."""
+    ENABLE_GRAD = "enable_grad"
+    """`torch.enable_grad()`."""
+
+
 class FrameKind(StrEnum):
     """One enclosing construct of a statement (`functions.Frame`)."""
 

@@ -12,7 +12,9 @@ import libcst
 import pytest
 
 from linter.model import Model
+from linter.model.classes import context_summary
 from linter.model.kinds import (
+    ContextKind,
     EngineKind,
     FlowState,
     FrameKind,
@@ -76,3 +78,63 @@ def test_the_fixtures_build_every_site_gate_region_and_frame_kind() -> None:
     assert seen[RegionKind] >= {RegionKind.ACCUMULATE, RegionKind.AUTOCAST}
     assert seen[GateKind] >= {GateKind.MODULO, GateKind.ACCUMULATE}
     assert seen[FlowState] >= {FlowState.DIVIDED, FlowState.UNDIVIDED}
+
+
+CONTEXTS = """
+import contextlib
+
+import torch
+
+
+@contextlib.contextmanager
+def maybe_no_sync(model, sync):
+    if sync:
+        yield
+    else:
+        with model.no_sync():
+            yield
+
+
+@contextlib.contextmanager
+def evaluating():
+    with torch.no_grad():
+        yield
+
+
+@contextlib.contextmanager
+def training():
+    with torch.enable_grad():
+        yield
+
+
+class MixedPrecision:
+    def __enter__(self):
+        self.ctx = torch.autocast("cuda", dtype=torch.float16)
+        return self.ctx.__enter__()
+
+
+class EngineMixedPrecision:
+    def __init__(self, accelerator):
+        self.accelerator = accelerator
+
+    def __enter__(self):
+        self.ctx = accelerator.autocast()
+        return self.ctx.__enter__()
+
+
+accelerator = Accelerator()
+"""
+
+
+def test_what_a_context_manager_enters_is_a_member_of_its_enum() -> None:
+    model = Model(libcst.parse_module(CONTEXTS), source=CONTEXTS)
+    names = ["maybe_no_sync", "evaluating", "training", "MixedPrecision", "EngineMixedPrecision"]
+    entered = [e.kind for name in names for e in context_summary(model, name).enters]
+    assert entered == [
+        ContextKind.NO_SYNC,
+        ContextKind.NO_GRAD,
+        ContextKind.ENABLE_GRAD,
+        ContextKind.AUTOCAST,
+        ContextKind.ENGINE_AUTOCAST,
+    ]
+    assert all(type(kind) is ContextKind for kind in entered)
