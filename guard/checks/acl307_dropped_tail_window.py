@@ -12,7 +12,9 @@ judged by what happens to it:
 - a `zero_grad` throws it away before any step (an epoch that starts with `zero_grad()`): an
   error, at that call;
 - the run ends with it still in `.grad` (the last epoch's tail, lost): a warning at exit.
-A window that completes with the usual number of passes spanned the boundary on purpose.
+A window that completes with the usual number of passes spanned the boundary on purpose. The
+finding goes to the step gate (where the last-batch clause goes, `guard.checks._gate`), once per
+optimizer and gate: each later epoch's tail is the same mistake.
 Accelerate's prepared loaders flush the tail themselves (their inner loader ends one batch
 early, while Accelerate's loader is still active), and iterable datasets may span windows across
 epochs on purpose; both are left alone.
@@ -23,9 +25,10 @@ from __future__ import annotations
 import sys
 import weakref
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from guard import _report, sources
+from guard.checks import _gate
 from guard.checks._common import report
 
 CODES = ("ACL307",)
@@ -37,20 +40,35 @@ class _Tail:
 
     backwards: int  # the optimizer's contributing backward passes at the pass end
     batches: object  # len(loader), or "?"
-    location: str | None
+    location: str | None  # the loop over the loader
+    step_sites: tuple  # the user's frames around the pass's first step (`_gate.call_sites`)
+
+
+@dataclass
+class _Gate:
+    """Where an optimizer steps (`OptState.of`): its step call's frames, taken at the first step
+    after a pass starts, and the gates already reported."""
+
+    sites: tuple = ()
+    passes: int = -1  # the pass count when `sites` was taken
+    reported: set = field(default_factory=set)
 
 
 def install(tracker) -> None:
     sources.ensure(tracker, "loader", "finish")
     started: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # iterator -> (steps, id)
-    counters = {"steps": 0, "backward_at_last_step": 0}
+    counters = {"steps": 0, "backward_at_last_step": 0, "passes": 0}
     tails: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # OptState -> _Tail
 
-    def after_step(**_) -> None:
+    def after_step(state, **_) -> None:
         counters["steps"] += 1
         counters["backward_at_last_step"] = tracker.backward_id
+        gate = state.of(_Gate)
+        if gate.passes != counters["passes"]:  # one frame walk per pass, not per step
+            gate.sites, gate.passes = _gate.call_sites(), counters["passes"]
 
     def first_batch(iterator, **_) -> None:
+        counters["passes"] += 1
         started[iterator] = (counters["steps"], tracker.backward_id)
 
     def pass_ended(iterator, **_) -> None:
@@ -62,7 +80,8 @@ def install(tracker) -> None:
         for st in list(tracker.optimizers.values()):
             if st.contrib_backwards and st.hit > backward_at_start and st.prepared_by is None:
                 total = len(iterator) if hasattr(iterator, "__len__") else "?"
-                tails[st] = _Tail(st.contrib_backwards, total, _report.user_location())
+                sites = st.of(_Gate).sites
+                tails[st] = _Tail(st.contrib_backwards, total, _report.user_location(), sites)
                 return
 
     def before_step(state, **_) -> None:
@@ -71,18 +90,18 @@ def install(tracker) -> None:
             return
         usual = _usual_window(state)
         if usual is None or state.backwards > usual:
-            _report_tail(tail, usual, "leaks into this step's window")
+            _report_tail(state, tail, usual, "leaks into this step's window")
 
     def before_zero_grad(states, **_) -> None:
         for st in states:
             tail = tails.pop(st, None)
             if tail is not None and st.contrib_backwards:
-                _report_tail(tail, _usual_window(st), "is thrown away by this zero_grad")
+                _report_tail(st, tail, _usual_window(st), "is thrown away by this zero_grad")
 
     def at_finish(**_) -> None:
         for st, tail in list(tails.items()):
             if st.contrib_backwards:
-                _report_tail(tail, _usual_window(st), "is lost: the run ended", "warning")
+                _report_tail(st, tail, _usual_window(st), "is lost: the run ended", "warning")
         tails.clear()
 
     tracker.subscribe("optimizer_step", after_step)
@@ -115,17 +134,33 @@ def _accelerate_loader_active() -> bool:
     return shared.get("active_dataloader") is not None
 
 
-def _report_tail(tail: _Tail, usual: int | None, fate: str, level="error") -> None:
+def _report_tail(st, tail: _Tail, usual: int | None, fate: str, level="error") -> None:
+    """Report the tail at its optimizer's step gate, unless that gate was already reported."""
+    location = _gate.gate_location(tail.step_sites) or tail.location
+    reported = st.of(_Gate).reported
+    if location in reported:
+        return
+    reported.add(location)
     steps_use = f" (steps use {usual})" if usual else ""
     report(
         "ACL307",
-        f"the loader pass ended ({tail.batches} batches) with {tail.backwards} micro-batch(es) "
-        f"of an unfinished window{steps_use} still in .grad, and that tail {fate}: each epoch's "
-        "tail joins the next epoch's first window or is dropped, and the last one is lost; add "
-        "a last-batch clause to the step gate (`or i + 1 == len(loader)`)",
+        f"the pass over the loader{_loop_at(tail.location, location)} ended ({tail.batches} "
+        f"batches) with {tail.backwards} micro-batch(es) of an unfinished window{steps_use} "
+        f"still in .grad, and that tail {fate}: each epoch's tail joins the next epoch's first "
+        "window or is dropped, and the last one is lost; add a last-batch clause to the step "
+        "gate (`or i + 1 == len(loader)`)",
         level,
-        tail.location,
+        location,
     )
+
+
+def _loop_at(loop: str | None, gate: str | None) -> str:
+    """' at line 15' (or ' at file:15' in another file than the gate's): the loop's place."""
+    if not loop or loop == gate:
+        return ""
+    loop_file, _, line = loop.rpartition(":")
+    same_file = gate is not None and gate.rpartition(":")[0] == loop_file
+    return f" at line {line}" if same_file else f" at {loop}"
 
 
 def engine_tail(r: int, n: int) -> None:
