@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from linter.model.classes import inlined_callee
 from linter.model.cst_util import code, int_value, last_part, positional, string_value
 from linter.model.functions import Stmt
 from linter.model.kinds import EngineKind, FrameKind, SiteKind
@@ -94,9 +95,14 @@ def _clips(model: Model, body: Body) -> list[Site]:
         if callee is None or callee is body.scope:
             continue
         sites = model.sites[id(callee)]
-        if any(s.kind in (*UNSCALING, SiteKind.BACKWARD, SiteKind.ENGINE_BACKWARD) for s in sites):
+        if any(s.kind in (SiteKind.BACKWARD, SiteKind.ENGINE_BACKWARD) for s in sites):
             continue
-        if any(is_torch_clip(model, s) for s in sites):
+        if inlined_callee(model.graph, call) and any(s.kind in UNSCALING for s in sites):
+            continue  # a method of the class that steps: its clip is the body's, at its line
+        clips = [s.stmt.order for s in sites if is_torch_clip(model, s)]
+        # an update helper (`def update(scaler, opt): clip(...); scaler.step(opt)`) that clips
+        # before anything in it unscales clips what the caller's backward scaled
+        if clips and not any(s.kind in UNSCALING and s.stmt.order < min(clips) for s in sites):
             found.append(Site(SiteKind.CLIP, call.call, call.stmt))
     # a method's clip seen at its call (`self.optimizer_step()`), unless the call is what clips
     calls = {id(s.stmt) for s in found}

@@ -435,3 +435,61 @@ def test_zero_grad_every_micro_step_before_the_loss_scaler_call(acl304, at):
     assert (found.start.line, found.start.column) == at(source, "optimizer.zero_grad()", 1)
     assert found.fix is None  # after the class's step is no line of this loop
     assert _all_codes(source) == [("ACL304", *at(source, "optimizer.zero_grad()", 1))]
+
+
+# a step split over module functions that take the scaler and the optimizer --------------------
+SPLIT_STEP = """
+import torch
+import torch.nn.functional as F
+
+
+def backward_step(scaler, loss):
+    scaler.scale(loss).backward()
+
+
+def update(scaler, optimizer, model, max_norm):
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def train_one_epoch(model, loader, optimizer, scaler, accum_steps, max_norm):
+    for step, (images, targets) in enumerate(loader):
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = F.cross_entropy(model(images), targets)
+        backward_step(scaler, loss / accum_steps)
+        if (step + 1) % accum_steps == 0:
+            update(scaler, optimizer, model, max_norm)
+
+
+def main(args):
+    model = build_model().cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cuda")
+    for epoch in range(90):
+        train_one_epoch(model, train_loader, optimizer, scaler, args.accum_steps, 1.0)
+"""
+
+
+def test_step_split_over_module_functions_is_a_correct_step():
+    assert _all_codes(SPLIT_STEP) == []
+
+
+def test_update_helper_that_clips_before_it_unscales(acl104, at):
+    """The helper clips what the caller's backward scaled: the call is what clips (no fix: the
+    scaler step the unscale would pair with is inside the helper)."""
+    source = SPLIT_STEP.replace("    scaler.unscale_(optimizer)\n", "")
+    call = "update(scaler, optimizer, model, max_norm)"
+    (found,) = acl104.diagnostics(source)
+    assert (found.start.line, found.start.column) == at(source, call, 1)
+    assert found.message.startswith("`update` clips gradients that `scaler.scale(...)`")
+    assert acl104.findings(SPLIT_STEP) == []
+
+
+def test_split_step_handed_an_undivided_loss(acl301, at):
+    source = SPLIT_STEP.replace(
+        "backward_step(scaler, loss / accum_steps)", "backward_step(scaler, loss)"
+    )
+    assert acl301.findings(source) == [("ACL301", *at(source, "scaler.scale(loss).backward()"))]
