@@ -68,6 +68,12 @@ class Cache:
         self.entries: dict[str, list] = self._load()
         self.dirty = False
 
+    @property
+    def project_directory(self) -> Path:
+        """Where project analysis keeps its importer index and module summaries (one
+        directory per tool version, as the results file)."""
+        return self.directory / f"project-{self.file.stem}"
+
     def _load(self) -> dict[str, list]:
         try:
             with open(self.file, encoding="utf-8") as handle:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from linter.project.resolve import Modules
+from linter.project.store import Store
 from linter.project.summary import Definition, ModuleSummary, summarize
 
 MAX_MODULE_BYTES = 1_000_000  # a bigger module is not read (generated code, data)
@@ -111,21 +112,24 @@ class Context:
 
 
 class Project:
-    """One project's modules, summarised once per content (a run, or a server session)."""
+    """One project's modules, summarised once per content (a run, or a server session).
 
-    def __init__(self, root: Path) -> None:
+    `store` (the results cache's directory, when the run has one) keeps the importer index
+    and the summaries between runs."""
+
+    def __init__(self, root: Path, store: Store | None = None) -> None:
         self.root = root
         self.modules = Modules(root)
+        self.store = store
         self._summaries: dict[str, tuple[tuple[int, int], ModuleSummary | None]] = {}
         self._by_digest: dict[str, ModuleSummary] = {}
         self._importers: dict[str, list[str]] | None = None
-        self._bytes: list[tuple[str, bytes]] | None = None  # every project file, once read
-        self._by_path: dict[str, bytes] = {}
         self.notes: list[str] = []
         # the files this run lints: one that does not parse has its own ACL000, so no note too
         self.linted: frozenset[str] = frozenset()
-        # path -> the other modules its last context consulted: (path, summary key)
-        self.used: dict[str, list[tuple[str, str]]] = {}
+        # path -> the other modules its last context consulted: (path, summary key, mtime,
+        # size), or (path, "") for one that could not be read
+        self.used: dict[str, list[tuple]] = {}
 
     # summaries --------------------------------------------------------------------------
     def summary(self, path: str) -> ModuleSummary | None:
@@ -151,14 +155,30 @@ class Project:
         return found
 
     def summary_of(self, path: str, text: str) -> ModuleSummary:
+        """The summary of `text` as the module at `path`: from memory, the store, or `ast`
+        (the screen's tree of this very text when it has one: the file being linted)."""
         digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
         found = self._by_digest.get(digest)
         if found is None or found.path != path:
-            found = summarize(path, text, digest, self.modules.package_of(path))
+            package = self.modules.package_of(path)
+            found = self.store.summary(path, digest, package, text) if self.store else None
+            if found is None:
+                found = summarize(path, text, digest, package, _screen_tree(text))
+                if self.store is not None:
+                    self.store.keep(found, package)
             self._by_digest[digest] = found
             if found.error and path not in self.linted:
                 self.notes.append(f"{self.shown(path)}: {found.error}; nothing learnt from it")
         return found
+
+    def dependency(self, path: str) -> tuple:
+        """What a file's cached findings record of a module its context consulted: its
+        summary key, and its mtime and size (unchanged, the key holds without reading it)."""
+        found = self.summary(path)
+        known = self._summaries.get(path)
+        if found is None or known is None:
+            return (path, "")
+        return (path, found.key, *known[0])
 
     def shown(self, path: str) -> str:
         try:
@@ -168,36 +188,38 @@ class Project:
 
     # who imports a module ------------------------------------------------------------------
     def importers(self, last: str) -> list[str]:
-        """Project files with an import statement naming `last` (a module's last component).
-
-        One file's question scans the project's bytes for the word (a C search, ~15 ms on
-        diffusers' 45 MB) and reads the import lines of the few files holding it; a run over
-        many files builds the index of every import line once instead (`prepare`)."""
-        if self._importers is not None:
-            return self._importers.get(last, [])
-        word = last.encode()
-        return [path for path, data in self._sources() if word in data and last in _imported(data)]
+        """Project files with an import statement naming `last` (a module's last component)."""
+        return self._index().get(last, [])
 
     def prepare(self) -> None:
         """Build the importer index now (before a process pool forks, so workers share it)."""
+        self._index()
+
+    def _index(self) -> dict[str, list[str]]:
+        """Import word -> the files whose import statements hold it. Built once per run from
+        each file's import words: kept in the store by size and mtime, else read from the
+        file's bytes (a C search for `import`, no parse)."""
         if self._importers is None:
             index: dict[str, list[str]] = {}
-            for path, data in self._sources():
-                for word in _imported(data):
+            for path, stat in self._files():
+                words = self.store.words(path, stat) if self.store else None
+                if words is None:
+                    words = self._words_of(path, stat)
+                for word in words:
                     index.setdefault(word, []).append(path)
             self._importers = index
+            if self.store is not None:
+                self.store.save()
+        return self._importers
 
-    def _sources(self) -> list[tuple[str, bytes]]:
-        if self._bytes is None:
-            self._bytes = list(self._read_all())
-            self._by_path = dict(self._bytes)
-        return self._bytes
+    def _words_of(self, path: str, stat: os.stat_result) -> tuple[str, ...]:
+        words = _imported_words(path, stat.st_size)
+        if self.store is not None:
+            self.store.keep_words(path, stat, words)
+        return words
 
-    def source(self, path: str) -> bytes | None:
-        """A project file's bytes as the importer search read them."""
-        return self._by_path.get(path)
-
-    def _read_all(self):
+    def _files(self):
+        """(path, stat) of the project's `.py` files, at most MAX_PROJECT_FILES."""
         count = 0
         for directory, dirs, files in os.walk(self.root):
             dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
@@ -213,29 +235,107 @@ class Project:
                     return
                 path = os.path.join(directory, name)
                 try:
-                    if os.path.getsize(path) <= MAX_MODULE_BYTES:
-                        yield path, Path(path).read_bytes()
+                    yield path, os.stat(path)
                 except OSError:
                     continue
+
+    def changed(self, path: str) -> None:
+        """A file changed on disk (the language server's watched files): the index is built
+        again when next asked, module lookups are made afresh."""
+        self._importers = None
+        self.modules.forget()
+        self._summaries.pop(path, None)
 
     # the context of one file -------------------------------------------------------------
     def context(self, path: str, text: str) -> Context | None:
         """The file's context, or None when the project adds nothing to it."""
-        if not _inside(Path(path), self.root) or not _TRAINS.search(text):
+        if not _inside(Path(path), self.root) or not _trains(text):
             self.used[path] = []
             return None
         builder = _Builder(self, path, text)
         found = builder.build()
-        self.used[path] = sorted(builder.consulted.items())
+        self.used[path] = sorted(self.dependency(p) for p in builder.consulted)
         return found
 
     def still_valid(self, deps) -> bool:
         """Whether the modules a cached result consulted still summarise the same."""
-        for path, key in deps:
+        for dep in deps:
+            path, key = dep[0], dep[1]
+            if len(dep) == 4 and _stat_of(path) == (dep[2], dep[3]):
+                continue
             found = self.summary(path)
             if (found.key if found is not None else "") != key:
                 return False
         return True
+
+
+class Projects:
+    """The projects of one run: each linted path in its own (`root.find_roots`), as ruff and
+    pyright place each file under its nearest configuration. Answers as one `Project` does,
+    each question asked of the project holding the file."""
+
+    def __init__(self, roots: list[Path], store: Store | None = None) -> None:
+        # deepest first: a nested project (a marker below another) holds its own files
+        ordered = sorted(set(roots), key=lambda r: len(r.parts), reverse=True)
+        self.projects = [Project(root, store) for root in ordered]
+        self.used: dict[str, list[tuple]] = {}
+        for found in self.projects:
+            found.used = self.used
+
+    def of(self, path: str) -> Project | None:
+        for found in self.projects:
+            if _inside(Path(path), found.root):
+                return found
+        return None
+
+    @property
+    def notes(self) -> list[str]:
+        return [note for found in self.projects for note in found.notes]
+
+    @notes.setter
+    def notes(self, value: list[str]) -> None:
+        """Only cleared (the runner takes the notes of each file)."""
+        for found in self.projects:
+            found.notes = list(value)
+
+    @property
+    def linted(self) -> frozenset[str]:
+        return frozenset().union(*(found.linted for found in self.projects))
+
+    @linted.setter
+    def linted(self, value: frozenset[str]) -> None:
+        for found in self.projects:
+            found.linted = value
+
+    def context(self, path: str, text: str) -> Context | None:
+        found = self.of(path)
+        if found is None:
+            self.used[path] = []
+            return None
+        return found.context(path, text)
+
+    def still_valid(self, deps) -> bool:
+        for dep in deps:
+            found = self.of(dep[0])
+            if found is None or not found.still_valid([dep]):
+                return False
+        return True
+
+    def prepare(self) -> None:
+        for found in self.projects:
+            found.prepare()
+
+    def changed(self, path: str) -> None:
+        for found in self.projects:
+            found.changed(path)
+
+
+def _stat_of(path: str) -> tuple[int, int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_mtime_ns, stat.st_size
 
 
 # A file that trains: the facts of other modules are about a training step. A pipeline that
@@ -244,17 +344,63 @@ _TRAINS = re.compile(
     r"backward\s*\(|zero_grad|no_sync|GradScaler|clip_grad|accumulat|scaler\s*\("
     r"|DistributedSampler|DistributedDataParallel|\bDDP\s*\("
 )
+# Words one of which every match of `_TRAINS` holds: searched first, by `in` (a C search ten
+# times faster than the pattern's alternation over a whole file).
+_TRAINS_WORDS = ("backward", "zero_grad", "no_sync", "GradScaler", "clip_grad", "accumulat",
+                 "scaler", "DistributedSampler", "DistributedDataParallel", "DDP")  # fmt: skip
+
+
+def _trains(text: str) -> bool:
+    return any(word in text for word in _TRAINS_WORDS) and _TRAINS.search(text) is not None
+
+
 _CALLED = re.compile(r"(?<![\w.])([A-Za-z_][\w.]*)\s*\(")
-_IMPORTED = re.compile(rb"^[ \t]*(?:from|import)[ \t][^\n]*(?:\([^)]*\))?", re.M)
+# An import statement's line, matched where a C search found the word `import` in it.
+_IMPORT_LINE = re.compile(rb"[ \t]*(?:from[ \t][^\n]*?[ \t]import\b|import\b)[^\n]*")
+_WORD = re.compile(rb"\w+")
+
+
+def _imported_words(path: str, size: int) -> tuple[str, ...]:
+    """The import words of a project file (none for one too large or unreadable)."""
+    if size > MAX_MODULE_BYTES:
+        return ()
+    data = _read(path)
+    return () if data is None else tuple(sorted(_imported(data)))
 
 
 def _imported(data: bytes) -> set[str]:
     """The words of a module's import statements (modules and names, parenthesised lists
-    included)."""
-    words: set[str] = set()
-    for line in _IMPORTED.findall(data):
-        words.update(re.findall(r"\w+", line.decode("ascii", "ignore")))
-    return words
+    over several lines included). A line is looked at only where `import` occurs in it."""
+    words: set[bytes] = set()
+    position, size = 0, len(data)
+    while (found := data.find(b"import", position)) >= 0:
+        start = data.rfind(b"\n", 0, found) + 1
+        end = data.find(b"\n", found)
+        end = size if end < 0 else end
+        line = _IMPORT_LINE.match(data, start, end)
+        if line is not None:
+            if b"(" in line.group() and b")" not in line.group():
+                close = data.find(b")", end)
+                end = size if close < 0 else close
+            words.update(_WORD.findall(data, start, end))
+        position = end + 1
+    return {word.decode("ascii", "ignore") for word in words}
+
+
+def _screen_tree(text: str):
+    """The `ast` the screen made of this very text (the file being linted), left in place
+    for the analysis, which takes it next; None for any other text."""
+    from linter import screen
+
+    last = getattr(screen, "_screened", None)
+    return last[1] if last is not None and last[0] is text else None
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        return Path(path).read_bytes()
+    except OSError:
+        return None
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -279,7 +425,7 @@ class _Builder:
         self.rewrites: dict[str, str] = {}  # `misc.ddp_sync` -> `misc_ddp_sync`
         self.context = Context("", 0)
         self.seen: set[tuple[str, str]] = set()
-        self.consulted: dict[str, str] = {}  # path -> summary key
+        self.consulted: set[str] = set()  # the other modules read
         self.entered: set[str] | None = None  # what the file's `with` statements call
         self.lines = 0
 
@@ -345,9 +491,9 @@ class _Builder:
         for other in self.project.importers(last):
             if other == self.path or followed >= MAX_CALLERS:
                 continue
-            data = self.project.source(other)
+            data = _read(other)
             if data is not None and not any(n in data for n in names):
-                continue  # names none of the file's loop functions
+                continue  # names none of the file's loop functions: no parse of it
             summary = self._summary(other)
             if summary is None:
                 continue
@@ -502,7 +648,7 @@ class _Builder:
         if path is None or path == self.path:
             return None
         found = self.project.summary(path)
-        self.consulted[path] = found.key if found is not None else ""
+        self.consulted.add(path)
         return None if found is None or found.error else found
 
     # the combined text ---------------------------------------------------------------------

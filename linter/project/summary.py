@@ -81,12 +81,14 @@ class ModuleSummary:
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def summarize(path: str, text: str, digest: str, package: str) -> ModuleSummary:
+def summarize(
+    path: str, text: str, digest: str, package: str, tree: ast.Module | None = None
+) -> ModuleSummary:
     """The summary of one module's text; `package` is the dotted package it lives in (for
-    relative imports)."""
+    relative imports); `tree`, the text's `ast` when the caller has it (the screen's)."""
     lines = tuple(text.split("\n"))
     try:
-        tree = ast.parse(text)
+        tree = ast.parse(text) if tree is None else tree
     except SyntaxError as error:
         problem = f"does not parse (line {error.lineno}: {error.msg})"
         return ModuleSummary(path, digest, (), (), lines, error=problem)

@@ -68,3 +68,40 @@ def test_relative_imports_are_made_absolute(tmp_path):
         ("misc", "pkg.util", "misc"),
         ("torch", "torch", None),
     ]
+
+
+def test_each_tree_given_is_its_own_project(tmp_path):
+    """Two unrelated trees linted together stay two projects: their common parent (here the
+    temporary directory, in real use a home directory or /work) is never the project."""
+    from linter.project import for_paths
+    from linter.project.root import find_roots
+
+    marked, plain = tmp_path / "marked", tmp_path / "plain"
+    _files(tmp_path, "marked/pyproject.toml", "marked/pkg/train.py", "plain/train.py")
+    roots = find_roots([marked / "pkg" / "train.py", plain])
+    if find_roots([plain])[plain] != plain:  # a marker above the temporary directory
+        return
+    assert roots == {marked / "pkg" / "train.py": marked, plain: plain}
+    found = for_paths([marked, plain], [])
+    assert sorted(p.root for p in found.projects) == [marked, plain]
+    assert found.of(str(marked / "pkg" / "train.py")).root == marked
+    assert found.of(str(plain / "train.py")).root == plain
+    assert found.of(str(tmp_path / "elsewhere.py")) is None
+
+
+def test_a_nested_project_holds_its_own_files(tmp_path):
+    from linter.project import for_paths
+
+    _files(tmp_path, "pyproject.toml", "tools/pyproject.toml", "tools/train.py", "engine.py")
+    found = for_paths([tmp_path / "engine.py", tmp_path / "tools" / "train.py"], [])
+    assert found.of(str(tmp_path / "tools" / "train.py")).root == tmp_path / "tools"
+    assert found.of(str(tmp_path / "engine.py")).root == tmp_path
+
+
+def test_a_single_file_outside_any_project_is_no_project(tmp_path):
+    from linter.project import for_paths
+
+    _files(tmp_path, "train.py")
+    if find_root([tmp_path]) != tmp_path:  # a marker above the temporary directory
+        return
+    assert for_paths([tmp_path / "train.py"], []) is None

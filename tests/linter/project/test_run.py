@@ -246,3 +246,69 @@ def test_a_summary_key_is_the_same_in_every_process(tmp_path):
         )  # fmt: skip
         keys.add(done.stdout.strip())
     assert len(keys) == 1, keys
+
+
+def _recording(monkeypatch, target: str, name: str) -> list[str]:
+    """Record the basename of the path each call of `target.name` is given."""
+    import importlib
+
+    module = importlib.import_module(target)
+    real, seen = getattr(module, name), []
+
+    def recorded(*args, **kwargs):
+        seen.append(os.path.basename(next(a for a in args if isinstance(a, str))))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, recorded)
+    return seen
+
+
+def test_summaries_are_kept_on_disk_by_content(tmp_path, cli, monkeypatch):
+    """A warm run reads no module of the project again (the cached findings hold while each
+    module they drew on keeps its size and mtime); an edited file is analysed again with its
+    modules' summaries from the disk, and only its own text is summarised."""
+    run, analysed = cli
+    wrapped = MISC.replace(
+        "    return model.cuda(args.gpu)",
+        "    return torch.nn.parallel.DistributedDataParallel(model.cuda(args.gpu))",
+    )
+    _write(tmp_path, {"engine.py": ENGINE, "main.py": MAIN, "util/__init__.py": "",
+                      "util/misc.py": wrapped})  # fmt: skip
+    summarised = _recording(monkeypatch, "linter.project.context", "summarize")
+    cold = run("engine.py", "main.py")
+    assert "engine.py:7:" in cold.stdout and "ACL401" in cold.stdout
+    assert sorted(set(summarised)) == ["engine.py", "main.py", "misc.py"]
+    summarised.clear()
+    analysed.clear()
+    warm = run("engine.py", "main.py")
+    assert (warm.stdout, analysed, summarised) == (cold.stdout, [], [])
+    (tmp_path / "engine.py").write_text(ENGINE.replace("    for step", "    # epoch\n    for step"))
+    edited = run("engine.py", "main.py")
+    assert analysed == ["engine.py"] and summarised == ["engine.py"]
+    assert "engine.py:8:" in edited.stdout and "ACL401" in edited.stdout
+
+
+def test_the_importer_index_is_kept_on_disk(tmp_path, cli, monkeypatch):
+    """Who imports a module is asked of an index kept with the cache: a later run reads only
+    the files whose size or mtime changed."""
+    from linter.project.store import Store
+
+    run, _ = cli
+    _write(tmp_path, {"engine.py": ENGINE, "main.py": MAIN, "util/__init__.py": "",
+                      "util/misc.py": MISC, "other.py": "import os\n"})  # fmt: skip
+    read = _recording(monkeypatch, "linter.project.context", "_imported_words")
+    run("engine.py")
+    assert sorted(read) == ["__init__.py", "engine.py", "main.py", "misc.py", "other.py"]
+    read.clear()
+    (tmp_path / "engine.py").write_text(ENGINE + "\n")  # engine.py is analysed again
+    run("engine.py")
+    assert read == ["engine.py"]
+    read.clear()
+    (tmp_path / "main.py").write_text(MAIN.replace("from engine import", "from util import"))
+    (tmp_path / "engine.py").write_text(ENGINE)
+    run("engine.py")
+    assert sorted(read) == ["engine.py", "main.py"]
+    (directory,) = (tmp_path / ".accel_lint_cache").glob("project-*")
+    main = tmp_path / "main.py"
+    words = Store(directory).words(str(main), main.stat())
+    assert "util" in words and "engine" not in words
