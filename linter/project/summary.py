@@ -97,7 +97,7 @@ def summarize(
         return ModuleSummary(path, digest, (), (), lines, error=problem)
     imports: list[Import] = []
     definitions: list[Definition] = []
-    relevant_lines = _lines_of(text, _RELEVANT.finditer(text))
+    relevant_lines = _lines_of(text, _relevant_starts(text))
     bound: set[str] = set()
     for node in tree.body:
         bound.update(_bound_by(node))
@@ -131,12 +131,34 @@ def _through_helpers(definitions: list[Definition]) -> list[Definition]:
     ]
 
 
-def _lines_of(text: str, matches) -> list[int]:
-    """The line of each match, counting newlines once over the text."""
+# Each alternative of `_RELEVANT` begins with one of these words. Tried at every position of
+# a module, the alternation was most of a summary's cost; a C search for the words finds the
+# few places a match can start, and the pattern is tried there only (the same lines).
+_RELEVANT_WORDS = (
+    "backward", ".step", "no_sync", "GradScaler", "scale", "unscale_", "clip_grad", "autocast",
+    "DistributedDataParallel", "DDP", "add_argument", "ignore_index", "-100", "reduction",
+    "cross_entropy", "nll_loss", "zero_grad", "gradient_accumulation", "accum",
+)  # fmt: skip
+
+
+def _relevant_starts(text: str) -> list[int]:
+    """Where `_RELEVANT` matches, in order."""
+    found = []
+    for word in _RELEVANT_WORDS:
+        at = text.find(word)
+        while at >= 0:
+            if _RELEVANT.match(text, at):
+                found.append(at)
+            at = text.find(word, at + 1)
+    return sorted(found)
+
+
+def _lines_of(text: str, starts: list[int]) -> list[int]:
+    """The line of each position (in order), counting newlines once over the text."""
     found, line, position = [], 1, 0
-    for match in matches:
-        line += text.count("\n", position, match.start())
-        position = match.start()
+    for start in starts:
+        line += text.count("\n", position, start)
+        position = start
         found.append(line)
     return found
 
@@ -162,7 +184,7 @@ def _definition(node, lines: tuple[str, ...], relevant_lines: list[int]) -> Defi
     first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
     end = node.end_lineno or node.lineno
     body = "\n".join(lines[first - 1 : end])
-    calls = frozenset(_CALL.findall(body))
+    calls = frozenset(name[::-1] for name in _CALL_REVERSED.findall(body[::-1]))
     has_loop = _LOOP.search(body) is not None
     kind = "class" if isinstance(node, ast.ClassDef) else "function"
     at = bisect.bisect_left(relevant_lines, first)
@@ -170,7 +192,10 @@ def _definition(node, lines: tuple[str, ...], relevant_lines: list[int]) -> Defi
     return Definition(node.name, kind, first, node.lineno, end, calls, relevant, has_loop)
 
 
-_CALL = re.compile(r"(?<![\w.])([A-Za-z_][\w.]*)\s*\(")
+# `(?<![\w.])([A-Za-z_][\w.]*)\s*\(` (a callee's dotted text) read over the reversed text:
+# there the pattern starts with `(`, which a C search finds, where the original's first
+# character class is tried at every position (seven times slower; the same callees).
+_CALL_REVERSED = re.compile(r"\(\s*([\w.]*[A-Za-z_])(?![\w.])")
 _LOOP = re.compile(r"^[ \t]*(?:async[ \t]+)?(?:for|while)\b", re.M)
 
 
