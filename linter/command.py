@@ -221,7 +221,7 @@ def _lint_files(paths, resolver, mode, printer, no_cache):
 
         cache = Cache(default_directory(resolver.project.root))
     named = frozenset(os.path.abspath(p) for p in paths if not p.is_dir())
-    _enable_project(paths, [path for path, _ in found.files])
+    _enable_project(paths, [path for path, _ in found.files], cache)
     report = runner.run(found.files, mode, cache, named)
     if cache is not None:
         cache.save()
@@ -232,22 +232,16 @@ def _lint_files(paths, resolver, mode, printer, no_cache):
     return report
 
 
-def _enable_project(paths, linted) -> None:
+def _enable_project(paths, linted, cache=None) -> None:
     """Files read from disk are analysed in their project (ACCEL_LINT_NO_PROJECT=1: alone);
-    `linted`: the files this run reports on."""
+    `linted`: the files this run reports on; `cache`: the results cache, whose directory
+    also keeps the project's importer index and summaries."""
     from linter import project
 
     if os.environ.get("ACCEL_LINT_NO_PROJECT"):
         return project.enable(None)
-    from linter.project.context import Project
-    from linter.project.root import find_root
-
-    root = find_root(list(paths))
-    if root is None:
-        return project.enable(None)
-    found = Project(root)
-    found.linted = frozenset(os.path.abspath(path) for path in linted)
-    project.enable(found)
+    store = cache.project_directory if cache is not None else None
+    project.enable(project.for_paths(paths, linted, store))
 
 
 def _check(paths, resolver, mode, printer, no_cache) -> int:
