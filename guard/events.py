@@ -51,6 +51,7 @@ class Event(str, Enum):
     SAMPLER_END = "sampler_end"
     DDP_CREATED = "ddp_created"
     DDP_FORWARD = "ddp_forward"
+    DDP_COMM_HOOK = "ddp_comm_hook"
     TRAIN_MODE = "train_mode"
     GATHER = "gather"
     DIST_GATHER = "dist_gather"
@@ -285,6 +286,15 @@ class DdpForward:
 
 
 @dataclass(frozen=True)
+class DdpCommHook:
+    """`register_comm_hook` gave a DDP wrapper a communication hook (it decides how gradients
+    are reduced: a hook may sum instead of averaging)."""
+
+    module: Any
+    hook: Any
+
+
+@dataclass(frozen=True)
 class TrainMode:
     """The outermost `Module.train(mode)` / `Module.eval()` call."""
 
@@ -347,6 +357,7 @@ PAYLOADS: dict[Event, type] = {
     Event.SAMPLER_END: SamplerEnd,
     Event.DDP_CREATED: DdpCreated,
     Event.DDP_FORWARD: DdpForward,
+    Event.DDP_COMM_HOOK: DdpCommHook,
     Event.TRAIN_MODE: TrainMode,
     Event.GATHER: Gather,
     Event.DIST_GATHER: DistGather,

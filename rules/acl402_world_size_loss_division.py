@@ -56,8 +56,11 @@ Safe. The world-size factor is removed only when the divided value feeds nothing
 `expr / (W * K)` becomes `expr / K`.
 
 ## At runtime
-Partial: `engine.backward` inspects the root `grad_fn` for a division by W (or a multiplication by
-1/W) and warns. It is only a warning, since a divisor may equal W by coincidence, and it cannot
-fire (nor matter) when W = 1.
+Partial: the root of the loss's `grad_fn` is read for a division by W (a multiplication by 1/W,
+or 1/(K·W) over a window of K), at `engine.backward` and, in the user's own DDP loop
+(`loss.backward()` or `accelerator.backward`), at the optimizer step. In the user's loop the
+division by a world-size expression must also be found in the functions around the backward,
+so a divisor equal to W by coincidence stays silent, as do models without DDP and DDP with a
+communication hook. It is only a warning, and it cannot fire (nor matter) when W = 1.
 """,
 )

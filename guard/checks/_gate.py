@@ -48,10 +48,10 @@ def gate_location(sites: tuple[tuple[str, int], ...]) -> str | None:
 
 @functools.lru_cache(maxsize=64)
 def _gate_line(filename: str, line: int) -> int | None:
-    tree = _parse(filename)
+    tree = parse(filename)
     if tree is None:
         return None
-    path = _path_to(tree, line)
+    path = enclosing(tree, line)
     gates: list[ast.If] = []
     scope: ast.AST = tree
     for node in reversed(path[:-1]):
@@ -68,7 +68,8 @@ def _gate_line(filename: str, line: int) -> int | None:
     return gate.lineno
 
 
-def _parse(filename: str) -> ast.Module | None:
+def parse(filename: str) -> ast.Module | None:
+    """The user's module as an ast (None when its source cannot be read or parsed)."""
     source = "".join(linecache.getlines(filename))
     if not source:
         return None
@@ -78,7 +79,7 @@ def _parse(filename: str) -> ast.Module | None:
         return None
 
 
-def _path_to(tree: ast.AST, line: int) -> list[ast.AST]:
+def enclosing(tree: ast.AST, line: int) -> list[ast.AST]:
     """The statements that enclose `line`, outermost first, down to the innermost one."""
     path, node = [], tree
     while True:

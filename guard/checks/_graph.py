@@ -33,18 +33,31 @@ def _scalar(value: Any) -> float | None:
 
 
 def root_factor(loss: Any, scaled: bool = False) -> float | None:
-    """The product of the constant factors at the root of `loss`'s graph (`/ 4` gives 0.25).
+    """The product of the constant factors at the root of `loss`'s graph (`/ 4` gives 0.25):
+    1.0 when the root is not such a node, None when the graph cannot be read (`root_factors`)."""
+    factors = root_factors(loss, scaled)
+    if factors is None:
+        return None
+    product = 1.0
+    for factor in factors:
+        product *= factor
+    return product
 
-    Walks the chain of `DivBackward0`/`MulBackward0` nodes whose other operand is a constant and
-    returns 1.0 when the root is not such a node; None when the graph cannot be read. `scaled`:
-    the root is `GradScaler.scale`'s multiplication by S, which does not count.
+
+def root_factors(loss: Any, scaled: bool = False) -> list[float] | None:
+    """The constant factors at the root of `loss`'s graph, root first (`loss / 4 * 2` gives
+    [2.0, 0.25]).
+
+    Walks the chain of `DivBackward0`/`MulBackward0` nodes whose other operand is a constant;
+    empty when the root is not such a node, None when the graph cannot be read. `scaled`: the
+    root is `GradScaler.scale`'s multiplication by S, which does not count.
     """
     node = getattr(loss, "grad_fn", None)
-    factor = 1.0
+    factors: list[float] = []
     for index in range(_MAX_NODES):
         sign = _FACTOR_NODES.get(type(node).__name__) if node is not None else None
         if sign is None:
-            return factor
+            return factors
         skip = scaled and index == 0  # S lives on the device: reading it would be a host sync
         try:
             other = 1.0 if skip else _scalar(node._saved_other)
@@ -52,10 +65,11 @@ def root_factor(loss: Any, scaled: bool = False) -> float | None:
         except (AttributeError, RuntimeError, _OnDevice):  # attribute missing, graph freed,
             return None  # or a divisor on the device: unknown, not a host sync
         if other is None or other == 0 or len(inputs) != 1:
-            return factor  # a tensor-by-tensor product: not a constant factor
-        factor *= other if sign > 0 else 1.0 / other
+            return factors  # a tensor-by-tensor product: not a constant factor
+        if not skip:
+            factors.append(other if sign > 0 else 1.0 / other)
         node = inputs[0]
-    return factor
+    return factors
 
 
 def token_mean_count(loss: Any) -> tuple[Any, int] | None:

@@ -1,4 +1,5 @@
-"""Module sources: the events `ddp_created`, `ddp_forward` (DDP's wrapper) and `train_mode`."""
+"""Module sources: the events `ddp_created`, `ddp_forward`, `ddp_comm_hook` (DDP's wrapper) and
+`train_mode`."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def ddp(tracker) -> None:
 
     if installed(DDP, "forward"):
         return
-    init, forward = DDP.__init__, DDP.forward
+    init, forward, register_hook = DDP.__init__, DDP.forward, DDP.register_comm_hook
 
     @_patch.wraps_original(init)
     def __init__(module, *args, **kwargs):
@@ -33,8 +34,15 @@ def ddp(tracker) -> None:
             tracker.emit(Event.DDP_FORWARD, module=module, sync=sync)
         return forward(module, *args, **kwargs)
 
+    @_patch.wraps_original(register_hook)
+    def register_comm_hook(module, state, hook):
+        result = register_hook(module, state, hook)
+        tracker.emit(Event.DDP_COMM_HOOK, module=module, hook=hook)
+        return result
+
     _patch.patch(DDP, "__init__", __init__)
     _patch.patch(DDP, "forward", guarded_forward)
+    _patch.patch(DDP, "register_comm_hook", register_comm_hook)
 
 
 def train_mode(tracker) -> None:
