@@ -124,6 +124,7 @@ class Project:
         self._summaries: dict[str, tuple[tuple[int, int], ModuleSummary | None]] = {}
         self._by_digest: dict[str, ModuleSummary] = {}
         self._importers: dict[str, list[str]] | None = None
+        self._words: dict[str, tuple[str, ...]] = {}  # path -> its import words (the index's)
         self.notes: list[str] = []
         # the files this run lints: one that does not parse has its own ACL000, so no note too
         self.linted: frozenset[str] = frozenset()
@@ -201,10 +202,12 @@ class Project:
         file's bytes (a C search for `import`, no parse)."""
         if self._importers is None:
             index: dict[str, list[str]] = {}
+            self._words = {}
             for path, stat in self._files():
                 words = self.store.words(path, stat) if self.store else None
                 if words is None:
                     words = self._words_of(path, stat)
+                self._words[path] = words
                 for word in words:
                     index.setdefault(word, []).append(path)
             self._importers = index
@@ -240,11 +243,34 @@ class Project:
                     continue
 
     def changed(self, path: str) -> None:
-        """A file changed on disk (the language server's watched files): the index is built
-        again when next asked, module lookups are made afresh."""
-        self._importers = None
+        """A file changed, appeared or went on disk (the language server's saves and watched
+        files): its entries in the importer index are made again, module lookups afresh."""
         self.modules.forget()
         self._summaries.pop(path, None)
+        if (
+            self._importers is None
+            or not path.endswith(".py")
+            or not _inside(Path(path), self.root)
+        ):
+            return
+        old = self._words.pop(path, ())
+        try:
+            new = self._words_of(path, os.stat(path))
+        except OSError:
+            new = ()
+        for word in set(old) - set(new):
+            self._importers[word] = [p for p in self._importers[word] if p != path]
+        for word in set(new) - set(old):
+            self._importers.setdefault(word, []).append(path)
+        if new:
+            self._words[path] = new
+
+    def imports(self, importer: str, path: str) -> bool:
+        """Whether `importer`'s import statements may name the module at `path` (its last
+        component among their words): a new caller of the file's functions, maybe."""
+        name = self.modules.name_of(path)
+        self._index()
+        return bool(name) and name.rsplit(".", 1)[-1] in self._words.get(importer, ())
 
     # the context of one file -------------------------------------------------------------
     def context(self, path: str, text: str) -> Context | None:
@@ -277,7 +303,9 @@ class Projects:
     def __init__(self, roots: list[Path], store: Store | None = None) -> None:
         # deepest first: a nested project (a marker below another) holds its own files
         ordered = sorted(set(roots), key=lambda r: len(r.parts), reverse=True)
+        self.store = store
         self.projects = [Project(root, store) for root in ordered]
+        self._roots: dict[str, Path | None] = {}  # a document's directory -> its root
         self.used: dict[str, list[tuple]] = {}
         for found in self.projects:
             found.used = self.used
@@ -287,6 +315,37 @@ class Projects:
             if _inside(Path(path), found.root):
                 return found
         return None
+
+    def include(self, path: str, workspace: Path | None = None) -> Project | None:
+        """The project of `path`, made on first sight (the language server's documents): its
+        marked root, else the workspace holding it; None for a file outside both."""
+        from linter.project.root import marked_root
+
+        directory = os.path.dirname(os.path.abspath(path))
+        if directory not in self._roots:
+            root = marked_root(Path(directory))
+            if root is None and workspace is not None and _inside(Path(directory), workspace):
+                root = workspace
+            self._roots[directory] = root
+        root = self._roots[directory]
+        if root is None:
+            return None
+        for found in self.projects:
+            if found.root == root:
+                return found
+        found = Project(root, self.store)
+        found.used, found.linted = self.used, self.linted
+        self.projects.append(found)
+        self.projects.sort(key=lambda p: len(p.root.parts), reverse=True)
+        return found
+
+    def reads(self, path: str, changed: str) -> bool:
+        """Whether the last context of `path` read the module `changed`, or `changed` now
+        imports `path`'s module (it may call the file's functions)."""
+        if any(dep[0] == changed for dep in self.used.get(path, ())):
+            return True
+        found = self.of(path)
+        return found is not None and found is self.of(changed) and found.imports(changed, path)
 
     @property
     def notes(self) -> list[str]:

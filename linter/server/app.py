@@ -5,6 +5,10 @@ document at most one lint is in flight: changes that arrive meanwhile are coales
 lint ends the newest text is linted next, so a burst of keystrokes costs one stale lint at most
 and no time-based delay is added to the latest one. A result is published only if the document
 still holds the text it was computed from, and it carries that version: no stale diagnostics.
+
+A document is read in its project: when another module is saved or changes on disk (a watched
+file), the open documents that drew on it, or that it now imports, are linted again, their text
+unchanged (`modules_changed`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ class AccelLintServer(LanguageServer):
         self.results: dict[str, Linted] = {}
         self._fixed: dict[str, tuple[Snapshot, str]] = {}
         self._running: dict[str, asyncio.Task] = {}
+        self._stale: set[str] = set()  # documents whose running lint read a module since changed
         self._shown_errors: set[str] = set()
 
     # --- documents and their results ---
@@ -67,14 +72,42 @@ class AccelLintServer(LanguageServer):
     async def _lint_latest(self, uri: str) -> None:
         try:
             while (snapshot := self.snapshot(uri)) is not None:
+                self._stale.discard(uri)
                 linted = await self.lint(snapshot)
-                if snapshot.same_as(self.snapshot(uri)):
+                if snapshot.same_as(self.snapshot(uri)) and uri not in self._stale:
                     if linted is not None:
                         self.results[uri] = linted
                         self.publish(linted)
                     return
         finally:
             self._running.pop(uri, None)
+
+    def relint(self, uri: str) -> None:
+        """Lint the document again though its text is the same (a module it reads changed)."""
+        self.forget(uri)
+        if uri in self._running:
+            self._stale.add(uri)
+        else:
+            self.schedule(uri)
+
+    async def modules_changed(self, paths: list[Path]) -> None:
+        """Modules saved or changed on disk: the open documents that read them, or that they
+        now import, are linted again (the projects re-read them on the worker, in order with
+        the lints)."""
+        documents = []
+        for document in list(self.workspace.text_documents.values()):
+            snapshot = self.snapshot(document.uri)
+            if snapshot is not None:
+                documents.append((document.uri, snapshot.path))
+        for uri in await self._on_worker(self._readers, paths, documents):
+            self.relint(uri)
+
+    def _readers(self, paths: list[Path], documents: list[tuple[str, Path]]) -> list[str]:
+        for path in paths:
+            self.linter.changed(path)
+        return [
+            uri for uri, where in documents if any(self.linter.reads(where, path) for path in paths)
+        ]
 
     async def lint(self, snapshot: Snapshot) -> Linted | None:
         """Lint on the worker; a config or internal error is shown, never raised."""

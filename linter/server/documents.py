@@ -4,6 +4,10 @@ A snapshot is the text of one document at one version; every result keeps the sn
 from, so a result is published (or used for a code action) only while it still describes the
 document the editor shows. The resolver is rebuilt when a config file changes, so an edited
 `[tool.accel-lint]` applies to the next lint without restarting the server.
+
+A document on disk is read in its project, as the command line reads it (the definitions it
+uses from the project's other modules, as saved); `reads` says which documents to lint again
+when another module is saved or changes on disk. ACCEL_LINT_NO_PROJECT=1: each alone.
 """
 
 from __future__ import annotations
@@ -40,6 +44,27 @@ class Linter:
         self.root = root
         self._resolver = None
         self._parses = None  # the libcst statements of the versions linted so far
+        self.projects = None  # the documents' projects (linter.project.Projects), once enabled
+
+    def enable_projects(self) -> None:
+        """Read documents in their projects from now on (unless ACCEL_LINT_NO_PROJECT=1)."""
+        from linter import project
+
+        if os.environ.get("ACCEL_LINT_NO_PROJECT"):
+            return
+        self.projects = project.Projects([])
+        project.enable(self.projects)
+
+    def changed(self, path: Path) -> None:
+        """A module changed on disk: what the projects know of it is read again."""
+        if self.projects is not None:
+            self.projects.changed(os.path.abspath(path))
+
+    def reads(self, path: Path, changed: Path) -> bool:
+        """Whether the document at `path` draws on the module `changed` (lint it again)."""
+        if self.projects is None or os.path.abspath(path) == os.path.abspath(changed):
+            return False
+        return self.projects.reads(os.path.abspath(path), os.path.abspath(changed))
 
     def parse_cache(self):
         if self._parses is None:
@@ -63,6 +88,8 @@ class Linter:
         from linter.text import lint_text
 
         resolver = self.resolver()
+        if self.projects is not None and snapshot.path.is_file():
+            self.projects.include(os.path.abspath(snapshot.path), self.root)
         result = lint_text(snapshot.text, snapshot.path, resolver, cache=self.parse_cache())
         unsafe = resolver.for_path(snapshot.path).unsafe_fixes
         return Linted(snapshot, result.diagnostics, unsafe)

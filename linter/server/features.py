@@ -19,6 +19,9 @@ def build() -> AccelLintServer:
     return server
 
 
+PY_GLOB = "**/*.py"
+
+
 def start(root: Path | None = None) -> None:
     server = build()
     if root is not None:
@@ -35,6 +38,7 @@ def register(server: AccelLintServer) -> None:
         from linter.analysis import load
 
         ls.worker.submit(load)  # libcst and the rules, imported before the first file opens
+        ls.linter.enable_projects()
         if _can_watch(ls.client_capabilities):
             await _watch_configs(ls)
 
@@ -47,11 +51,15 @@ def register(server: AccelLintServer) -> None:
         ls.schedule(params.text_document.uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
-    def did_save(ls: AccelLintServer, params: types.DidSaveTextDocumentParams) -> None:
-        if is_config(params.text_document.uri):
+    async def did_save(ls: AccelLintServer, params: types.DidSaveTextDocumentParams) -> None:
+        uri = params.text_document.uri
+        if is_config(uri):
             ls.config_changed()
-        else:
-            ls.schedule(params.text_document.uri)
+            return
+        ls.schedule(uri)
+        path = _python_file(uri)
+        if path is not None:
+            await ls.modules_changed([path])
 
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: AccelLintServer, params: types.DidCloseTextDocumentParams) -> None:
@@ -59,9 +67,12 @@ def register(server: AccelLintServer) -> None:
         ls.clear(params.text_document.uri)
 
     @server.feature(types.WORKSPACE_DID_CHANGE_WATCHED_FILES)
-    def watched(ls: AccelLintServer, params: types.DidChangeWatchedFilesParams) -> None:
+    async def watched(ls: AccelLintServer, params: types.DidChangeWatchedFilesParams) -> None:
         if any(is_config(change.uri) for change in params.changes):
             ls.config_changed()
+        paths = [path for c in params.changes if (path := _python_file(c.uri)) is not None]
+        if paths:
+            await ls.modules_changed(paths)
 
     options = types.CodeActionOptions(code_action_kinds=ACTION_KINDS, resolve_provider=True)
 
@@ -138,10 +149,19 @@ def _can_watch(capabilities: types.ClientCapabilities) -> bool:
     return bool(watched and watched.dynamic_registration)
 
 
+def _python_file(uri: str) -> Path | None:
+    """The path of a `file:` URI naming a Python module (a module other documents may read)."""
+    from pygls.uris import to_fs_path
+
+    path = to_fs_path(uri) if uri.startswith("file:") else None
+    return Path(path) if path and path.endswith(".py") else None
+
+
 async def _watch_configs(ls: AccelLintServer) -> None:
-    """Ask the client to tell us when a config file changes on disk (a `git pull`, a branch)."""
-    watcher = types.FileSystemWatcher(glob_pattern=CONFIG_GLOB)
-    options = types.DidChangeWatchedFilesRegistrationOptions(watchers=[watcher])
+    """Ask the client to tell us when a config file changes on disk (a `git pull`, a branch),
+    and a Python module (what the open documents read from their projects)."""
+    watchers = [types.FileSystemWatcher(glob_pattern=glob) for glob in (CONFIG_GLOB, PY_GLOB)]
+    options = types.DidChangeWatchedFilesRegistrationOptions(watchers=watchers)
     registration = types.Registration(
         id="accel-lint-configs",
         method=types.WORKSPACE_DID_CHANGE_WATCHED_FILES,
