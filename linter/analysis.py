@@ -195,6 +195,29 @@ def parse(source: str, cache: ParseCache | None = None):
     return module, tree
 
 
+def _prepared(source: str, cache: ParseCache | None = None):
+    """What the model reads: the module, its `ast`, its text and, for a big module, the
+    `linter.reduce.Reduction` that text is (only the statements a rule can reach; None for a
+    module analysed whole). Raises `ParseFailure`, or `Unanalysable` for a scan (the language
+    server's, which the screen left to the analysis) that finds the module too deep."""
+    from linter import reduce, screen
+
+    if len(source) >= screen.SCAN_FROM:
+        found = reduce.scanned(source)
+        if found is None:
+            found = reduce.scan(source, screen.nesting_depth, screen.parser_limit)
+            problem = screen.scanned_problem(found) if found is not None else None
+            if problem is not None:
+                raise screen.Unanalysable(*problem)
+        reduction = reduce.reduce(source, found.statements) if found is not None else None
+        del found
+        if reduction is not None:
+            module, tree = parse(reduction.text, cache)
+            return module, tree, reduction.text, reduction
+    module, tree = parse(source, cache)
+    return module, tree, source, None
+
+
 # From this size (characters) a module is parsed in pieces (`parse_in_pieces`): libcst's parser
 # of the whole text would need ten times the memory of the tree it returns.
 PIECES_FROM = 128 * 1024
@@ -225,10 +248,10 @@ def analyze_source(
     Inside a project (`linter.project.enable`) the model also reads what the file uses from
     the project's other modules; only the file's own findings are returned."""
     load()
-    context = _project_context(source, path) if cache is None else None
-    if context is not None:
+    context = _project_context(source, path)
+    if context is not None:  # the language server's parse cache keeps the context's pieces too
         try:
-            found = _analyze(context.text, path, codes, None)
+            found = _analyze(context.text, path, codes, cache)
         except ParseFailure as failure:
             if failure.line <= context.base:
                 raise
@@ -314,15 +337,17 @@ def _analyze(
 
     checks = _checks(codes)
     with _collector_paused():
-        module, tree = parse(source, cache)
+        module, tree, text, reduction = _prepared(source, cache)
         if not checks:
             return []
-        model = Model(module, source, tree, path)
+        model = Model(module, text, tree, path)
         diagnostics: list[Diagnostic] = []
         for code, check in checks:
-            ctx = RuleContext(model, source, path, code)
+            ctx = RuleContext(model, text, path, code)
             check(ctx)
             diagnostics.extend(ctx.diagnostics)
+    if reduction is not None:  # fixes that would touch the dropped code are withheld
+        diagnostics = reduction.checked(diagnostics)
     diagnostics.sort(key=lambda d: (d.start, d.code))
     return diagnostics
 
@@ -330,15 +355,11 @@ def _analyze(
 def describe_loops(source: str, path: str) -> dict:
     """What the linter understood about each training loop (for `--show-loops`)."""
     load()
-    from linter.model import Model
-    from linter.model.describe import describe
-
     context = _project_context(source, path)
     if context is not None:
         try:
             with _collector_paused():
-                module, tree = parse(context.text)
-                described = describe(Model(module, context.text, tree, path), path)
+                described = _described(context.text, path)
         except ParseFailure:
             described = None
         if described is not None:
@@ -346,5 +367,15 @@ def describe_loops(source: str, path: str) -> dict:
 
             return placed(described, context)
     with _collector_paused():
-        module, tree = parse(source)
-        return describe(Model(module, source, tree, path), path)
+        return _described(source, path)
+
+
+def _described(source: str, path: str) -> dict:
+    from linter.model import Model
+    from linter.model.describe import describe
+
+    module, tree, text, reduction = _prepared(source)
+    described = describe(Model(module, text, tree, path), path)
+    if reduction is not None:  # what the description did not look at, said once
+        described["skipped_unrelated_statements"] = reduction.skipped
+    return described

@@ -60,6 +60,15 @@ def nesting_problem(text: str, shown: str) -> tuple[str, int] | None:
     CPython rejects it for another reason)."""
     global _screened
     _screened = None
+    if len(text) >= SCAN_FROM:  # a big text: its `ast` a piece at a time (linter.reduce)
+        from linter import reduce
+
+        found = reduce.scan(text, nesting_depth, parser_limit)
+        if found is not None:  # else a piece does not parse: the whole text is screened below
+            problem = scanned_problem(found)
+            if problem is None:
+                reduce.remember(text, found)
+            return problem
     try:
         tree = compile(text, shown, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
     except SyntaxError as error:
@@ -72,6 +81,21 @@ def nesting_problem(text: str, shown: str) -> tuple[str, int] | None:
     if problem is None:
         _screened = (text, tree)
     return problem
+
+
+# From this size (characters) the screen and the analysis read a module's `ast` a piece at a
+# time and analyse only what a rule can reach (`linter.reduce`): the whole tree would hold
+# 300 to 400 MB for 2 MB of text.
+SCAN_FROM = 256 * 1024
+
+
+def scanned_problem(found) -> tuple[str, int] | None:
+    """The screen's answer for a text read in pieces (a `linter.reduce.Scan`)."""
+    if found.gave_up:
+        return GIVES_UP, 1
+    if found.limit is not None:
+        return found.limit
+    return _depth_problem(found.depth, found.line)
 
 
 # The last text the screen passed and its `ast`: the analysis that follows needs the same tree
@@ -99,7 +123,10 @@ def parser_limit(error: SyntaxError) -> tuple[str, int] | None:
 
 def too_deep(tree: ast.AST) -> tuple[str, int] | None:
     """The problem when the (module or part of a module) tree nests beyond `MAX_NESTING`."""
-    depth, line = nesting_depth(tree)
+    return _depth_problem(*nesting_depth(tree))
+
+
+def _depth_problem(depth: int, line: int) -> tuple[str, int] | None:
     if depth > MAX_NESTING:
         return f"too deeply nested to analyse: {depth} levels (the limit is {MAX_NESTING})", line
     return None
