@@ -188,7 +188,7 @@ def _nudge(model: nn.Module, rank: int, step: int) -> None:
             model.module[0].bias.add_(0.01 * (rank + 1))
 
 
-HANDED: dict = {}  # case -> models built by the launching process, handed to mp.spawn
+HANDED: dict = {}  # case -> the models built by the launching process for its current run
 HANDED_COUNTS = {"spawn_handed_models": 3, "cast_after_wrapping_single_step": 1}
 
 
@@ -214,7 +214,8 @@ CASE_OPTIONS = {
 }
 
 
-def run_case(guard, name: str, rank: int) -> dict:
+def run_case(guard, name: str, rank: int, handed: list) -> dict:
+    HANDED[name] = handed
     guard.reset()
     guard.configure(**{"replica_every": 100, **CASE_OPTIONS.get(name, {})})
     module = CASES[name](rank)
@@ -225,8 +226,7 @@ def run_case(guard, name: str, rank: int) -> dict:
     return {"findings": found, "replicas_equal": replicas_equal(module)}
 
 
-def run(rank: int, world: int, port: int, names: list[str], handed: dict) -> None:
-    HANDED.update(handed)
+def run(rank: int, world: int, port: int, names: list[str], handed: dict, repeat: int) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -240,7 +240,11 @@ def run(rank: int, world: int, port: int, names: list[str], handed: dict) -> Non
 
     guard.install()
     guard.configure(mode="warn", select=["ACL"])
-    result = {"rank": rank, **{name: run_case(guard, name, rank) for name in names}}
+    result = {"rank": rank}
+    for i in range(repeat):  # a repetition is named name/i, the first run plain name
+        for name in names:
+            key = name if i == 0 else f"{name}/{i}"
+            result[key] = run_case(guard, name, rank, handed.get(name, [[]] * repeat)[i])
     out = os.path.join(os.environ["ACCEL_DIST_RESULTS"], f"rank{rank}.json")
     with open(out, "w", encoding="utf-8") as fh:
         json.dump(result, fh)
@@ -252,6 +256,10 @@ if __name__ == "__main__":
         s.bind(("127.0.0.1", 0))
         free = s.getsockname()[1]
     names = sys.argv[1:] or list(CASES)
-    handed = {name: [make_net() for _ in range(HANDED_COUNTS[name])] for name in HANDED_COUNTS}
-    mp.spawn(run, args=(2, free, names, handed), nprocs=2)
+    repeat = int(os.environ.get("ACCEL_REPLICA_REPEAT", "1"))  # each case, in one launch
+    handed = {
+        name: [[make_net() for _ in range(count)] for _ in range(repeat)]
+        for name, count in HANDED_COUNTS.items()
+    }
+    mp.spawn(run, args=(2, free, names, handed, repeat), nprocs=2)
     sys.exit(0)

@@ -125,3 +125,29 @@ def test_drift_joins_the_step_finding_of_the_same_cause(ranks, case, unsynced_st
         assert not row[case]["replicas_equal"]
         assert WINDOW in finding["message"]
         assert finding["count"] == unsynced_steps + 1
+
+
+REPEATS = 5  # runs of each race-prone case in one more launch (about 12 CPU seconds)
+RACE_PRONE = ("spawn_handed_models", "correct", "cast_after_wrapping_single_step")
+
+
+@pytest.fixture(scope="module")
+def repeated(tmp_path_factory) -> list[dict]:
+    results = tmp_path_factory.mktemp("replica-repeats")
+    env = {"ACCEL_DIST_RESULTS": str(results), "ACCEL_REPLICA_REPEAT": str(REPEATS)}
+    return run_two_ranks(HERE / "replica_worker.py", results, *RACE_PRONE, env=env)
+
+
+@pytest.mark.parametrize("run", range(REPEATS))
+def test_every_run_gives_the_same_verdicts(repeated, run):
+    """The replica check used to cry wolf in some runs only (a checksum racing another rank's
+    step): the correct loops and the single-step drift run again and again, and every run gives
+    the same verdict on both ranks."""
+    key = "" if run == 0 else f"/{run}"
+    for row in repeated:
+        for case in ("spawn_handed_models", "correct"):
+            assert row[case + key] == {"findings": [], "replicas_equal": True}
+        drift = row["cast_after_wrapping_single_step" + key]
+        assert [f["code"] for f in drift["findings"]] == ["ACL405"]
+        assert drift["findings"][0]["count"] == 1
+        assert not drift["replicas_equal"]
