@@ -6,7 +6,10 @@ Writes one file per shape and size, each ending with a training loop (so that it
 prefilter and every rule runs), then times `accel-lint --no-cache --output-format concise FILE`
 in a fresh process: wall seconds, CPU seconds (user + system: what the run costs on a busy
 machine) and the maximum resident set size, from `/usr/bin/time -v` (from `resource.getrusage` of
-the child when that tool is missing). Prints a table; asserts nothing.
+the child when that tool is missing). `same` says whether the file's findings are those of the
+training loop alone in a small file (codes, messages and columns, lines moved by the code before
+the loop): big files are analysed through their reduced text (`linter/reduce.py`). Prints a
+table; asserts nothing.
 
 Shapes, as code generators write them:
 - `pb2`: a protobuf `_pb2`-style module: descriptors built by calls, many small message classes.
@@ -167,8 +170,9 @@ def generate(shape: str, size: int) -> str:
     return "".join(parts) + TRAINING_LOOP
 
 
-def measure(path: Path) -> tuple[float, float, float, int]:
-    """(wall seconds, CPU seconds, max RSS in MB, number of findings) of one `accel-lint` run."""
+def measure(path: Path) -> tuple[float, float, float, list[tuple[int, str]]]:
+    """(wall seconds, CPU seconds, max RSS in MB, findings) of one `accel-lint` run; each finding
+    is its line and the rest of its concise line (column, code, message)."""
     command = ["accel-lint", "--no-cache", "--output-format", "concise", str(path)]
     timer = Path("/usr/bin/time")
     start = time.perf_counter()
@@ -189,8 +193,8 @@ def measure(path: Path) -> tuple[float, float, float, int]:
         rss = after.ru_maxrss / 1024  # the largest child so far: run one size per process
     if run.returncode not in (0, 1):
         sys.exit(f"accel-lint failed on {path}:\n{run.stdout}\n{run.stderr}")
-    findings = sum(1 for line in run.stdout.splitlines() if re.search(r":\d+:\d+: ACL", line))
-    return seconds, cpu, rss, findings
+    found = [re.match(r".*?:(\d+):(\d+: ACL.*)$", line) for line in run.stdout.splitlines()]
+    return seconds, cpu, rss, [(int(m[1]), m[2]) for m in found if m]
 
 
 def main() -> None:
@@ -205,9 +209,12 @@ def main() -> None:
     sizes = [float(s) for s in args.sizes.split(",")]
     folder = Path(args.keep or tempfile.mkdtemp(prefix="big_file_"))
     folder.mkdir(parents=True, exist_ok=True)
+    alone = folder / "loop_alone.py"
+    alone.write_text(HEADER + TRAINING_LOOP)
+    expected = measure(alone)[3]
     print(
         f"{'file':<24} {'bytes':>9} {'lines':>7} {'wall s':>7} {'CPU s':>7} {'max RSS MB':>10}",
-        "found",
+        "found same",
     )
     for shape in shapes:
         for mib in sizes:
@@ -218,9 +225,11 @@ def main() -> None:
             path.write_text(text)
             seconds, cpu, rss, found = measure(path)
             lines = text.count("\n")
+            moved = lines - (HEADER + TRAINING_LOOP).count("\n")
+            same = [(line - moved, rest) for line, rest in found] == expected
             print(
                 f"{path.name:<24} {len(text):>9} {lines:>7} {seconds:>7.1f} {cpu:>7.1f} "
-                f"{rss:>10.0f} {found:>5}",
+                f"{rss:>10.0f} {len(found):>5} {'yes' if same else 'NO':>4}",
                 flush=True,
             )
     if not args.keep:
