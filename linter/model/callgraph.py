@@ -134,3 +134,25 @@ class CallGraph:
             if callee is not None:
                 found[name] = (callee, len(positional(value)) - 1)
         return found
+
+
+def argument_for(callee: Scope, call: cst.Call, param: str) -> cst.BaseExpression | None:
+    """What `call` passes for the parameter `param` of `callee` (a method is called without its
+    `self`); None when it passes nothing for it or unpacks `*args`/`**kwargs` before it."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == param:
+            return arg.value
+    names = list(callee.params)
+    if callee.class_name is not None and names and names[0] in ("self", "cls"):
+        names = names[1:]
+    if param not in names:
+        return None
+    index = names.index(param)
+    leading = []
+    for arg in call.args:
+        if arg.keyword is not None:
+            break
+        if arg.star:
+            return None
+        leading.append(arg.value)
+    return leading[index] if index < len(leading) else None

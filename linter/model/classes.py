@@ -345,8 +345,12 @@ def _classes_of(graph, methods, text: str, scope: Scope, depth: int) -> set[str 
     found: set[str | None] = set()
     for d in defs:
         value = d.value if d.op == "=" and d.tuple_index is None else None
+        if isinstance(value, cst.Name) and value.value == "None":
+            continue  # no scaler on that path (BEiT's DeepSpeed branch): it is never called
         name = dotted(value.func) if isinstance(value, cst.Call) else None
         found.add(name if name in methods else None)
+    if not defs and text not in scope.params and scope.parent is not None:
+        return _classes_of(graph, methods, text, scope.parent, depth)  # read from a closure
     if not defs and text in scope.params and depth > 0:
         for expr, stmt in graph.argument_sites(scope, text):
             passed = dotted(expr)

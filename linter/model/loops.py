@@ -138,6 +138,25 @@ def find_training_loops(
     return sorted(loops.values(), key=lambda lp: _first_order(lp))
 
 
+def delegating_loops(scope: Scope, sites, classes, delegated: list[Stmt]) -> list[TrainingLoop]:
+    """The loops of a scope with no training loop of its own whose backward runs in a function
+    of the module they call (`backward_step(scaler, loss)`: a step split over module
+    functions). Such a loop is still where the window runs (its zero_grad, its gate); the
+    backward itself is judged in the function, with this loop's gate, so it holds none."""
+    loops: dict[int, TrainingLoop] = {}
+    for call in delegated:
+        chain = call.loops()
+        if not chain or id(chain[-1]) in loops:
+            continue
+        owner = chain[-1]
+        loop = loops[id(owner)] = TrainingLoop(owner, scope)
+        loop.sites = [s for s in sites if _inside(s.stmt, owner)]
+        loop.counters = _counters(scope, owner, classes)
+        loop.flags = _flags(scope)
+        loop.gate = _step_gate(loop)
+    return list(loops.values())
+
+
 def _first_order(loop: TrainingLoop) -> int:
     return min((s.stmt.order for s in loop.sites), default=0)
 

@@ -37,6 +37,7 @@ from linter.model.loops import (
     Region,
     Site,
     TrainingLoop,
+    delegating_loops,
     find_training_loops,
 )
 from linter.model.names import Imports
@@ -86,12 +87,17 @@ class Model:
             self.sites[id(scope)] = finder.sites(scope)
         inline_method_sites(self.graph, self.sites)  # a trainer's step split over methods
         self.instance_calls = inline_instance_calls(self.graph, self.sites)  # a loss scaler
+        delegating: list[TrainingLoop] = []  # after the loops that hold their backward
         for scope in self.scopes:
             sites = self.sites[id(scope)]
             per_batch = self.graph.called_in_loop(scope)
-            delegates = self._backward_left_to(scope) if per_batch else []
-            self.loops.extend(find_training_loops(scope, sites, per_batch, self.classes, delegates))
+            delegates = self._backward_left_to(scope)
+            found = find_training_loops(scope, sites, per_batch, self.classes, delegates)
+            if not found:
+                delegating.extend(delegating_loops(scope, sites, self.classes, delegates))
+            self.loops.extend(found)
             self.regions.extend(finder.regions(scope))
+        self.loops.extend(delegating)
         self.gates = Gates(self.graph, self.sites, self.regions, self.roles, self.classes)
         for loop in self.loops:
             self.gates.assign(loop)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from linter.model.callgraph import argument_for
 from linter.model.classes import inlined_callee
 from linter.model.cst_util import code, int_value, last_part, positional, string_value
 from linter.model.functions import Stmt
@@ -151,7 +152,33 @@ def unscale_target(model: Model, clip: ScaledClip) -> str | None:
         if site.stmt.order > clip.site.stmt.order and same_path(site.stmt, clip.site.stmt):
             args = positional(site.call) if site.call is not None else []
             return code(args[0]) if args else None
+    return _helper_step_target(model, clip)
+
+
+def _helper_step_target(model: Model, clip: ScaledClip) -> str | None:
+    """For a call of an update helper that clips, then steps (`update(scaler, optimizer)`
+    running `clip_grad_norm_(...); scaler.step(optimizer)`): the optimizer its step is handed,
+    as the call passes it, when the scaler it steps is the one the call passes too."""
+    call = clip.site.call
+    callee = model.local_function(call.func, clip.site.stmt.scope) if call is not None else None
+    if callee is None:
+        return None
+    for site in model.sites[id(callee)]:
+        args = positional(site.call) if site.kind == SiteKind.SCALER_STEP else []
+        if not args:
+            continue
+        scaler = _as_passed(callee, call, site.receiver)
+        optimizer = _as_passed(callee, call, code(args[0]))
+        return optimizer if scaler == clip.scaled.scaler else None
     return None
+
+
+def _as_passed(callee, call: cst.Call, name: str | None) -> str | None:
+    """What `call` passes for the parameter `name` of `callee`, as code."""
+    if name not in callee.params:
+        return None
+    passed = argument_for(callee, call, name)
+    return code(passed) if passed is not None else None
 
 
 # ACL104 under an engine -------------------------------------------------------------------------

@@ -635,3 +635,101 @@ def test_clipping_helper_reexported_by_the_package(tree, at):
                 "util/__init__.py": "from .misc import clip_gradients, grad_norm\n",
                 "util/misc.py": CLIP_MISC})  # fmt: skip
     assert tree.findings("engine.py", "ACL104") == [("ACL104", *at(engine, "clip_gradients("))]
+
+
+# a step split over plain functions of util/steps.py that take the scaler and the optimizer -------
+STEPS = """
+import torch
+
+
+def backward_step(scaler, loss):
+    scaler.scale(loss).backward()
+
+
+def update(scaler, optimizer, model, max_norm):
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+"""
+
+STEPS_ENGINE = """
+import torch
+import torch.nn.functional as F
+
+from util.steps import backward_step, update
+
+
+def train_one_epoch(model, loader, optimizer, scaler, accum_steps, max_norm):
+    optimizer.zero_grad()
+    for step, (images, targets) in enumerate(loader):
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = F.cross_entropy(model(images), targets)
+        backward_step(scaler, loss / accum_steps)
+        if (step + 1) % accum_steps == 0 or step + 1 == len(loader):
+            update(scaler, optimizer, model, max_norm)
+"""
+
+STEPS_MAIN = """
+import torch
+
+from engine import train_one_epoch
+
+
+def main(args):
+    model = build_model().cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cuda")
+    for epoch in range(90):
+        train_one_epoch(model, train_loader, optimizer, scaler, args.accum_steps, 1.0)
+"""
+
+
+def _steps_project(tree, engine: str = STEPS_ENGINE, steps: str = STEPS):
+    tree.write({"engine.py": engine, "main.py": STEPS_MAIN, "util/__init__.py": "",
+                "util/steps.py": steps})  # fmt: skip
+
+
+def test_step_split_over_helpers_of_another_module_is_clean(tree, at):
+    _steps_project(tree)
+    assert tree.findings("engine.py", *STEP_CODES) == []
+
+
+def test_backward_helper_of_another_module_handed_an_undivided_loss(tree, at):
+    engine = STEPS_ENGINE.replace(
+        "backward_step(scaler, loss / accum_steps)", "backward_step(scaler, loss)"
+    )
+    _steps_project(tree, engine)
+    (found,) = tree.diagnostics("engine.py", *STEP_CODES)
+    assert (found.code, found.start.line, found.start.column) == (
+        "ACL301",
+        *at(engine, "backward_step(scaler, loss)"),
+    )
+    backward = at(STEPS, "scaler.scale(loss).backward()")[0]
+    assert found.message.endswith(f"(in util/steps.py:{backward}; the change belongs there)")
+    assert found.fix is None
+    assert tree.findings("engine.py", *STEP_CODES, alone=True) == []
+
+
+def test_update_helper_of_another_module_clips_before_it_unscales(tree, at):
+    _steps_project(tree, steps=STEPS.replace("    scaler.unscale_(optimizer)\n", ""))
+    call = "update(scaler, optimizer, model, max_norm)"
+    (found,) = tree.diagnostics("engine.py", *STEP_CODES)
+    assert (found.code, found.start.line, found.start.column) == ("ACL104", *at(STEPS_ENGINE, call))
+    (edit,) = found.fix.edits  # the engine unscales before handing over: its own line
+    assert (edit.start.line, edit.content) == (
+        at(STEPS_ENGINE, call)[0],
+        "            scaler.unscale_(optimizer)\n",
+    )
+
+
+def test_zero_grad_every_micro_step_around_helpers_of_another_module(tree, at):
+    engine = STEPS_ENGINE.replace(
+        "        backward_step(", "        optimizer.zero_grad()\n        backward_step("
+    )
+    _steps_project(tree, engine)
+    assert tree.findings("engine.py", *STEP_CODES) == [
+        ("ACL304", *at(engine, "optimizer.zero_grad()", 1))
+    ]
+    assert tree.findings("engine.py", "ACL304", alone=True) == []

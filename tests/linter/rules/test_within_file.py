@@ -478,14 +478,35 @@ def test_step_split_over_module_functions_is_a_correct_step():
 
 
 def test_update_helper_that_clips_before_it_unscales(acl104, at):
-    """The helper clips what the caller's backward scaled: the call is what clips (no fix: the
-    scaler step the unscale would pair with is inside the helper)."""
+    """The helper clips what the caller's backward scaled: the call is what clips, and
+    unscaling the optimizer the call hands it, before the call, is the fix (its
+    `scaler.step` then does not unscale again)."""
     source = SPLIT_STEP.replace("    scaler.unscale_(optimizer)\n", "")
     call = "update(scaler, optimizer, model, max_norm)"
     (found,) = acl104.diagnostics(source)
     assert (found.start.line, found.start.column) == at(source, call, 1)
     assert found.message.startswith("`update` clips gradients that `scaler.scale(...)`")
+    assert f"            scaler.unscale_(optimizer)\n            {call}" in acl104.fixed(source)
     assert acl104.findings(SPLIT_STEP) == []
+
+
+def test_update_helper_handed_other_names(acl104, at):
+    """The fix names the optimizer as the caller passes it, not as the helper calls it."""
+    source = (
+        SPLIT_STEP.replace("    scaler.unscale_(optimizer)\n", "")
+        .replace(
+            "def update(scaler, optimizer, model, max_norm):",
+            "def update(s, opt, model, max_norm):",
+        )
+        .replace(
+            "    scaler.step(optimizer)\n    scaler.update()\n", "    s.step(opt)\n    s.update()\n"
+        )
+        .replace(
+            "    optimizer.zero_grad(set_to_none=True)\n", "    opt.zero_grad(set_to_none=True)\n"
+        )
+    )
+    fixed = acl104.fixed(source)
+    assert "            scaler.unscale_(optimizer)\n            update(scaler, optimizer," in fixed
 
 
 def test_split_step_handed_an_undivided_loss(acl301, at):
@@ -493,3 +514,12 @@ def test_split_step_handed_an_undivided_loss(acl301, at):
         "backward_step(scaler, loss / accum_steps)", "backward_step(scaler, loss)"
     )
     assert acl301.findings(source) == [("ACL301", *at(source, "scaler.scale(loss).backward()"))]
+
+
+def test_zero_grad_every_micro_step_around_the_split_step(acl304, at):
+    """The loop calling `backward_step` is the window: its ungated zero_grad wipes it."""
+    source = SPLIT_STEP.replace(
+        "        backward_step(", "        optimizer.zero_grad()\n        backward_step("
+    )
+    assert acl304.findings(source) == [("ACL304", *at(source, "optimizer.zero_grad()"))]
+    assert _all_codes(source) == [("ACL304", *at(source, "optimizer.zero_grad()"))]
