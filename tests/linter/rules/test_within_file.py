@@ -523,3 +523,31 @@ def test_zero_grad_every_micro_step_around_the_split_step(acl304, at):
     )
     assert acl304.findings(source) == [("ACL304", *at(source, "optimizer.zero_grad()"))]
     assert _all_codes(source) == [("ACL304", *at(source, "optimizer.zero_grad()"))]
+
+
+def test_scheduler_stepped_every_micro_step_beside_the_loss_scaler_call(acl305, at):
+    source = SCALER_CLASS.replace(
+        "def train_one_epoch(model, loader, optimizer, loss_scaler, accum_iter):",
+        "def train_one_epoch(model, loader, optimizer, loss_scaler, accum_iter, lr_scheduler):",
+    ).replace(
+        "        if (step + 1) % accum_iter == 0:\n            optimizer.zero_grad()\n",
+        "        lr_scheduler.step()\n        if (step + 1) % accum_iter == 0:\n"
+        "            optimizer.zero_grad()\n",
+    )
+    assert acl305.findings(source) == [("ACL305", *at(source, "lr_scheduler.step()"))]
+
+
+def test_ddp_model_syncs_every_loss_scaler_call(acl401, at):
+    """The call is the backward: under `no_sync()` except on the step its update_grad passes."""
+    source = SCALER_CLASS.replace(
+        "    model = build_model().cuda()\n",
+        "    model = torch.nn.parallel.DistributedDataParallel(build_model().cuda())\n",
+    )
+    assert acl401.findings(source) == [("ACL401", *at(source, "model(x)"))]
+    fixed = acl401.fixed(source, unsafe=True)
+    assert (
+        "        with nullcontext() if (step + 1) % accum_iter == 0 else model.no_sync():\n"
+        in fixed
+    )
+    assert "            loss_scaler(loss, optimizer" in fixed
+    assert acl401.findings(SCALER_CLASS) == []
