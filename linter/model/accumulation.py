@@ -27,6 +27,7 @@ from linter.model.cst_util import (
     string_value,
     strip_parens,
 )
+from linter.model.depths import FOLLOW_DEPTH
 from linter.model.functions import CallSite, Frame, Scope, Stmt
 from linter.model.kinds import EngineKind, FrameKind, RegionKind
 from linter.model.loops import Region
@@ -46,7 +47,6 @@ _ACCUMULATE_CALL = re.compile(r"\.accumulate\(")
 # Calls that keep the value of their argument (`int(args.accum)`).
 PASS_CALLS = {"int", "float", "max", "min", "round", "math.ceil", "math.floor", "ceil", "floor"}
 _LOADER_WRAPPERS = {"enumerate", "iter", "tqdm", "tqdm.tqdm", "tqdm.auto.tqdm", "zip"}
-_MAX_DEPTH = 4
 
 
 # --- what the module configures -----------------------------------------------------------
@@ -193,7 +193,7 @@ def spells_k(
 
 
 def _spells_k(model, node, scope, order, depth: int) -> bool:
-    if depth > _MAX_DEPTH:
+    if depth > FOLLOW_DEPTH:
         return False
     if isinstance(node, cst.Call) and dotted(node.func) in PASS_CALLS and positional(node):
         return _spells_k(model, strip_parens(positional(node)[0]), scope, order, depth + 1)
@@ -292,7 +292,7 @@ def entered_accumulate(model, stmt: Stmt, depth: int = 0) -> bool:
     that calls its function from inside one."""
     if model.regions_around(stmt, RegionKind.ACCUMULATE) or _in_indirect_accumulate(stmt):
         return True
-    if depth >= _MAX_DEPTH or not isinstance(stmt.scope.node, cst.FunctionDef):
+    if depth >= FOLLOW_DEPTH or not isinstance(stmt.scope.node, cst.FunctionDef):
         return False
     calls = model.graph.callers(stmt.scope)
     return any(entered_accumulate(model, c.stmt, depth + 1) for c in calls)
@@ -333,7 +333,7 @@ def loader_state(model, expr: cst.BaseExpression, scope: Scope, order: int, dept
     """ "prepared", "unprepared" (visibly a `DataLoader(...)` that never went through
     `prepare`), "range" (not a loader: `range`, `itertools.count`) or "unknown"."""
     expr = strip_parens(expr)
-    if depth > _MAX_DEPTH:
+    if depth > FOLLOW_DEPTH:
         return "unknown"
     if isinstance(expr, cst.Call):
         return _call_loader_state(model, expr, scope, order, depth)

@@ -28,11 +28,11 @@ from linter.model.cst_util import (
     string_value,
     strip_parens,
 )
+from linter.model.depths import FOLLOW_DEPTH
 from linter.model.functions import Scope
 from linter.model.kinds import FrameKind, GateKind
 from linter.types import Configuration
 
-_MAX_DEPTH = 4
 _MAX_EXPRESSION_DEPTH = 16  # nested operations and names bound to them, in one computed value
 _PASS_CALLS = {"int", "float", "bool", "str", "round", "math.ceil", "math.floor"}
 _LOADERS = {
@@ -115,7 +115,7 @@ class ConfigSpace:
         return self._knob(strip_parens(expr), scope, 0)
 
     def _knob(self, node, scope: Scope | None, depth: int) -> Knob | None:
-        if depth > _MAX_DEPTH or not isinstance(node, cst.BaseExpression):
+        if depth > FOLLOW_DEPTH or not isinstance(node, cst.BaseExpression):
             return None
         node = strip_parens(node)
         if isinstance(node, cst.Call):
@@ -467,10 +467,13 @@ _LITERAL_NODES = (
 _WHITESPACE = (cst.BaseParenthesizableWhitespace, cst.TrailingWhitespace, cst.EmptyLine)
 
 
+_LITERAL_NESTING = 8  # CST levels: a literal knob (a dict of dtypes) is shallower
+
+
 def _literal_shape(node: cst.CSTNode, depth: int = 0) -> bool:
     """Whether an expression is made of literals only, checked before generating its text
     (a module's big calls and comprehensions are never printed to be parsed again)."""
-    if depth > 8:
+    if depth > _LITERAL_NESTING:
         return False
     if isinstance(node, cst.Name):
         return node.value in ("True", "False", "None")

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from linter.model.cst_util import code, dotted, keyword, positional, string_value, walk
+from linter.model.depths import CONFIG_VALUE_DEPTH
 from linter.model.functions import Def, Scope
 from linter.model.kinds import FrameKind
 
 MAX_ASSIGNMENTS = 256
-_MAX_DEPTH = 12
 TORCH_DTYPES = {  # torch dtype attribute -> dtype word
     "float16": "fp16",
     "half": "fp16",
@@ -407,7 +407,7 @@ def _lookups(model, knob: Knob) -> list[tuple[cst.BaseExpression, Scope, int]]:
 
 
 def _eval(env: _Env, node, scope: Scope, order: int, depth: int) -> set:
-    if node is None or depth > _MAX_DEPTH:
+    if node is None or depth > CONFIG_VALUE_DEPTH:
         return {UNKNOWN}
     if isinstance(node, (cst.SimpleString, cst.ConcatenatedString)):
         value = string_value(node) if isinstance(node, cst.SimpleString) else None

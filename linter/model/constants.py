@@ -12,8 +12,7 @@ import libcst as cst
 
 from linter.model.cst_util import dotted, strip_parens, walk
 from linter.model.cst_util import int_value as literal_value
-
-_MAX_DEPTH = 4  # `K = ACCUM = 4` chains, not cycles
+from linter.model.depths import FOLLOW_DEPTH
 
 
 def int_value(model, node: cst.CSTNode | None) -> int | None:
@@ -25,7 +24,7 @@ def int_value(model, node: cst.CSTNode | None) -> int | None:
 def _value(model, node, depth: int) -> int | None:
     node = strip_parens(node) if isinstance(node, cst.BaseExpression) else node
     number = literal_value(node)
-    if number is not None or not isinstance(node, cst.Name) or depth >= _MAX_DEPTH:
+    if number is not None or not isinstance(node, cst.Name) or depth >= FOLLOW_DEPTH:
         return number
     name = node.value
     if name in _other_bindings(model):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from linter.model.cst_util import code, dotted, int_value, method_call, positional
+from linter.model.depths import FOLLOW_DEPTH
 from linter.model.functions import Def, Scope, Stmt
 from linter.model.kinds import FlowState, FrameKind
 from linter.model.loops import same_path
@@ -51,7 +52,6 @@ _LOSS_FN_NAME = re.compile(r"^(crit(erion)?\w*|loss_(fn|fct|func|function)|lossf
 # Names that may hold K or 1/K: an opaque call or factor given one of them may divide.
 _MAY_HOLD_K = re.compile(r"acc(um|_)|grad_?acc|(^|_)inv(_|$)|recip|scale|norm|denom", re.I)
 _BUILTIN_REDUCTIONS = {"sum", "max", "min", "abs", "float"}
-_MAX_DEPTH = 4
 _NO_GRAD = {"torch.no_grad", "torch.inference_mode"}
 
 
@@ -108,7 +108,7 @@ class Tracer:
 
     # expressions ---------------------------------------------------------------
     def _expr(self, node, scope: Scope, order: int, depth: int, index: int | None) -> str:
-        if depth > _MAX_DEPTH:
+        if depth > FOLLOW_DEPTH:
             return UNKNOWN
         text = dotted(node)
         if text is not None:

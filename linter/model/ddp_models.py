@@ -14,6 +14,7 @@ from linter.model.cst_util import (
     last_part,
     method_call,
 )
+from linter.model.depths import FOLLOW_DEPTH
 from linter.model.functions import CallSite, Def, Scope, Stmt
 from linter.model.kinds import FrameKind
 
@@ -30,9 +31,6 @@ _NOT_TORCH_DDP = {"apex", "fairscale", "horovod", "deepspeed"}
 
 # An imported helper that wraps a model in DDP (YOLOv5's `smart_DDP`, `wrap_ddp`).
 _DDP_HELPER = re.compile(r"(^|_)ddp$", re.I)
-
-
-_MAX_DEPTH = 4
 
 
 _FORWARD_HELPER = re.compile(r"loss|forward|step|train|run|batch", re.I)
@@ -84,7 +82,7 @@ def _find_ddp_models(model: Model) -> list[DDPModel]:
 def _ddp_value(model: Model, value, scope: Scope, depth: int) -> cst.Call | None:
     """The DDP call a value evaluates to: `DDP(m)`, `DDP(m) if dist else m`, `wrap(m)` where
     the module's `def wrap` returns a DDP model."""
-    if depth > 2 or value is None:
+    if depth > FOLLOW_DEPTH or value is None:
         return None
     if isinstance(value, cst.IfExp):
         return _ddp_value(model, value.body, scope, depth) or _ddp_value(
@@ -122,7 +120,7 @@ def wrapped_on_every_path(model: Model, held: DDPModel) -> bool:
 
 def ddp_held_by(model: Model, text: str | None, scope: Scope, depth: int = 0) -> DDPModel | None:
     """The DDP model an expression holds at this point of `scope`, or None."""
-    if not text or depth > _MAX_DEPTH:
+    if not text or depth > FOLLOW_DEPTH:
         return None
     known = ddp_models(model)
     if text.startswith("self."):
@@ -200,7 +198,7 @@ def _runs_forward(model: Model, call: cst.Call, scope: Scope, held, depth: int) 
         # (`compute_loss(model, batch)`), not `unwrap_ddp(model)` or `save(model)`
         handed = any(_is_model(model, dotted(arg.value), scope, held) for arg in call.args)
         return handed and bool(_FORWARD_HELPER.search(last_part(func)))
-    if depth >= 2:
+    if depth >= FOLLOW_DEPTH:
         return False
     return any(_runs_forward(model, c.call, callee, held, depth + 1) for c in callee.calls)
 

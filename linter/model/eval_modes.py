@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from linter.model.cst_util import dotted, last_part
+from linter.model.depths import FOLLOW_DEPTH
 from linter.model.evaluation import (
     frozen_models,
     grad_free,
@@ -17,8 +18,6 @@ from linter.model.evaluation import (
     unwrapped,
 )
 from linter.model.functions import CallSite, Scope
-
-_MAX_DEPTH = 4
 
 _MODE_DEPENDENT = re.compile(r"dropout|batch_?norm", re.I)
 
@@ -151,7 +150,7 @@ def _may_set_train(model, calls: list[CallSite], trained: set[str], depth: int) 
             if _passes_model(call, trained) and call.method not in ("eval", "train"):
                 return True
             continue
-        if depth < _MAX_DEPTH and _may_set_train(model, callee.calls, trained, depth + 1):
+        if depth < FOLLOW_DEPTH and _may_set_train(model, callee.calls, trained, depth + 1):
             return True
     return False
 
@@ -176,7 +175,7 @@ def _eval_calls(model, calls: list[CallSite], depth: int, names=None) -> list[tu
             found.append((call, (names or {}).get(receiver, receiver)))
             continue
         callee = model.local_function(call.call.func, call.stmt.scope)
-        if callee is not None and depth < _MAX_DEPTH:
+        if callee is not None and depth < FOLLOW_DEPTH:
             bound = _bound_names(callee, call, names or {})
             found.extend(_eval_calls(model, callee.calls, depth + 1, bound))
     return found

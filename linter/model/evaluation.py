@@ -21,6 +21,7 @@ from linter.model.cst_util import (
     positional,
     walk,
 )
+from linter.model.depths import FOLLOW_DEPTH
 from linter.model.functions import CallSite, Scope, Stmt
 from linter.model.kinds import FrameKind
 
@@ -45,7 +46,6 @@ _FACTORY = re.compile(
 _NO_GRAD_WORDS = ("no_grad", "inference_mode")
 _GRAD_ON_PURPOSE = {"backward", "grad", "enable_grad", "requires_grad_", "step", "zero_grad"}
 _WRAPPER_ATTRS = {"module", "forward", "_orig_mod"}
-_MAX_DEPTH = 4
 
 
 @dataclass(eq=False)
@@ -210,7 +210,7 @@ def _needs_gradients(model, context: EvalContext) -> bool:
 def _reaches_training(model, scope: Scope, depth: int) -> bool:
     """A function that trains through a helper it calls (`eval_linear()` calling `train()`)
     runs a training script, not an evaluation."""
-    if depth > _MAX_DEPTH:
+    if depth > FOLLOW_DEPTH:
         return False
     for call in scope.calls:
         callee = model.local_function(call.call.func, call.stmt.scope)
@@ -257,7 +257,7 @@ def _scope_grad_free(model, scope: Scope, order: int | None, depth: int) -> bool
         if any(_is_no_grad_decorator(d.decorator) for d in current.node.decorators):
             return True
         current = current.parent
-    if depth >= _MAX_DEPTH or not isinstance(scope.node, cst.FunctionDef):
+    if depth >= FOLLOW_DEPTH or not isinstance(scope.node, cst.FunctionDef):
         return False
     callers = model.graph.callers(scope)
     return bool(callers) and all(_grad_free(model, c.stmt, depth + 1) for c in callers)

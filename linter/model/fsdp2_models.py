@@ -16,6 +16,7 @@ import libcst as cst
 
 from linter.model.cst_util import dotted, last_part, positional
 from linter.model.ddp_models import _grad_free, forward_calls, loop_calls
+from linter.model.depths import FOLLOW_DEPTH
 from linter.model.functions import CallSite, Scope
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ def _holds(model: Model, text: str, scope: Scope, sharded: ShardedModel, depth: 
     enclosing function's (a free name), or a parameter this module's callers pass it to. A
     parameter called from elsewhere (`def parallelize_fn(model, mesh)` handed to a strategy) or
     another function's local of the same name is a different variable."""
-    if depth > 4:
+    if depth > FOLLOW_DEPTH:
         return False
     if scope is sharded.scope:
         return text == sharded.name

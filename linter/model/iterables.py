@@ -24,6 +24,7 @@ from linter.model.cst_util import (
     strip_parens,
     walk,
 )
+from linter.model.depths import LOADER_DEPTH
 from linter.model.functions import Scope
 from linter.model.setup import is_prepare
 
@@ -52,7 +53,6 @@ _KEEPS_KIND = {
 }
 # `datasets` functions whose first argument's kind the result keeps.
 _KEEPS_KIND_FUNCTIONS = {"split_dataset_by_node"}
-_MAX_DEPTH = 8
 
 
 def may_have_no_length(model: Model, expr: cst.BaseExpression, scope: Scope, order: int) -> bool:
@@ -68,7 +68,7 @@ class _Lengthless:
         self.seen: set[tuple[str, int]] = set()  # names already followed (`dl = prepare(dl)`)
 
     def of(self, expr, scope: Scope, order: int | None, depth: int) -> bool:
-        if depth > _MAX_DEPTH:
+        if depth > LOADER_DEPTH:
             return False
         expr = strip_parens(expr)
         if isinstance(expr, cst.GeneratorExp):
@@ -144,7 +144,7 @@ class _Lengthless:
     def _iterable_class(self, name: str, depth: int) -> bool:
         """A module class that subclasses `IterableDataset` (directly or through another of
         the module's classes), or defines `__iter__` without `__len__`."""
-        if depth > _MAX_DEPTH or name not in self.classes:
+        if depth > LOADER_DEPTH or name not in self.classes:
             return False
         bases, methods = self.classes[name]
         if "__iter__" in methods and "__len__" not in methods and not bases & self.classes.keys():

@@ -30,6 +30,7 @@ from linter.model.cst_util import (
     strip_parens,
     walk,
 )
+from linter.model.depths import LOSS_DEPTH
 from linter.model.functions import Scope, Stmt
 from linter.model.kinds import GateKind
 from linter.model.setup import is_prepare
@@ -50,7 +51,6 @@ _PASS_METHODS = {"mean", "float", "double", "half", "bfloat16", "to", "squeeze",
 # A factor that turns a per-batch mean back into a sum: a token or item count of the batch.
 _COUNT = re.compile(r"tok|item|count|mask|\.sum\(|numel|n_valid|valid", re.I)
 _K_NAME = re.compile(r"grad(ient)?_?acc|accum", re.I)
-_MAX_DEPTH = 6
 _MAX_MODEL_DEPTH = 12  # a model is often rebound several times (load, adapter, compile, prepare)
 
 
@@ -147,7 +147,7 @@ class _TokenMeans:
         self.seen: set[int] = set()
 
     def of(self, node, scope: Scope, order: int, stmt: Stmt, depth: int) -> list[TokenMean]:
-        if depth > _MAX_DEPTH or id(node) in self.seen:
+        if depth > LOSS_DEPTH or id(node) in self.seen:
             return []
         self.seen.add(id(node))
         node = strip_parens(node)
@@ -339,7 +339,7 @@ class _TokenMeans:
             return holder
         text = dotted(holder)
         defs = scope.defs_before(text, order) if text else []
-        if defs and defs[-1].op == "=" and defs[-1].tuple_index is None and depth < _MAX_DEPTH:
+        if defs and defs[-1].op == "=" and defs[-1].tuple_index is None and depth < LOSS_DEPTH:
             return self._model_call(defs[-1].value, defs[-1].stmt.scope, defs[-1].stmt.order, depth)
         return None
 
@@ -581,7 +581,7 @@ def _own_token_count(model: Model, divisor, scope: Scope, order: int, sums) -> b
     and reading a name that the loss call reads too (the same micro-batch). The window's
     count (`num_items_in_batch` handed in, `sum(... for b in window)`, `gather(...)`) is not."""
     expr = strip_parens(divisor)
-    for _ in range(_MAX_DEPTH):
+    for _ in range(LOSS_DEPTH):
         text = dotted(expr)
         if text is None:
             break

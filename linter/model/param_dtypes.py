@@ -20,6 +20,7 @@ from linter.model.cst_util import (
     method_call,
     walk,
 )
+from linter.model.depths import FOLLOW_DEPTH
 from linter.model.functions import Stmt
 from linter.model.kinds import FrameKind
 from linter.model.precision import BF16, DTYPES, FP16, FP32, engines
@@ -29,7 +30,6 @@ _CAST_METHODS = {"half": FP16, "bfloat16": BF16}
 _PARAMETER_METHODS = {"parameters", "named_parameters"}
 # Module methods that work in place and return the module (`model.to(d).half()`).
 _MODULE_METHODS = {"to", "half", "bfloat16", "float", "cuda", "cpu", "requires_grad_", "train"}
-_MAX_DEPTH = 3
 _ADAPTERS = {"get_peft_model", "PeftModel.from_pretrained"}
 
 
@@ -199,7 +199,7 @@ def _build_trained(model) -> dict[str, list]:
         while pending:
             node, depth = pending.pop()
             for text in _dotted_names(node):
-                if text in seen or depth >= _MAX_DEPTH:
+                if text in seen or depth >= FOLLOW_DEPTH:
                     continue
                 seen.add(text)  # a model handed over whole (`groups(model)`), or a name to resolve
                 found.setdefault(text, []).append(site.stmt.scope)

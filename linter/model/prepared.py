@@ -8,11 +8,11 @@ import libcst as cst
 
 from linter.model.callgraph import CallGraph
 from linter.model.cst_util import dotted, method_call
+from linter.model.depths import FOLLOW_DEPTH
 from linter.model.functions import Def, Scope, Stmt
 from linter.model.setup import Setup, is_prepare_call
 
 _MOVES = {"to", "cuda", "cpu", "half", "float", "train", "eval", "requires_grad_"}
-MAX_RESOLVE_DEPTH = 6
 
 
 class PreparedObjects:
@@ -45,7 +45,7 @@ class PreparedObjects:
             enclosing = enclosing.parent
         if scope.class_name is not None and any(h.class_name == scope.class_name for h in holders):
             return True
-        if depth >= MAX_RESOLVE_DEPTH:
+        if depth >= FOLLOW_DEPTH:
             return False
         callers = self.graph.callers(scope)
         return any(self.prepared_in_reach(call.stmt.scope, depth + 1) for call in callers)
@@ -64,7 +64,7 @@ class PreparedObjects:
         `order`), else the arguments its callers pass for a parameter, else the enclosing
         function or the module. `unknown` answers for a name whose value cannot be seen (a
         parameter of a function called from elsewhere)."""
-        if depth > MAX_RESOLVE_DEPTH:
+        if depth > FOLLOW_DEPTH:
             return unknown and text in self.setup.prepared
         defs = self._visible_defs(text, scope, order)
         if defs:
@@ -118,7 +118,7 @@ class PreparedObjects:
         text = dotted(value)
         if text is not None:
             return self._holds(text, scope, order, wrappers=True, depth=depth, unknown=unknown)
-        if not isinstance(value, cst.Call) or depth > MAX_RESOLVE_DEPTH:
+        if not isinstance(value, cst.Call) or depth > FOLLOW_DEPTH:
             return False
         if is_prepare_call(value):
             return True

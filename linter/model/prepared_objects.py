@@ -19,6 +19,7 @@ import libcst as cst
 
 from linter.model import accumulation, schedules, windows
 from linter.model.cst_util import code, dotted, positional, strip_parens
+from linter.model.depths import FOLLOW_DEPTH
 from linter.model.functions import CallSite, Def, Scope, Stmt
 from linter.model.kinds import RegionKind, SiteKind
 from linter.model.loops import Site
@@ -275,7 +276,7 @@ def _never_prepared(model, text: str | None, scope: Scope, passed: set[str], dep
         return False
     if text in scope.params and not scope.defs.get(text):
         sites = model.argument_sites(scope, text)
-        if not sites or depth > 4:
+        if not sites or depth > FOLLOW_DEPTH:
             return False
         return all(_never_prepared(model, dotted(e), s.scope, passed, depth + 1) for e, s in sites)
     return text in model.setup.schedulers

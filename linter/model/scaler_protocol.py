@@ -28,6 +28,7 @@ from linter.model.cst_util import (
     strip_parens,
     walk,
 )
+from linter.model.depths import FOLLOW_DEPTH, METHOD_CALL_DEPTH
 from linter.model.functions import Scope, Stmt
 from linter.model.kinds import FrameKind, ScalerRole, SiteKind
 from linter.model.loops import STEP_KINDS, Site, same_path
@@ -35,7 +36,6 @@ from linter.model.loops import STEP_KINDS, Site, same_path
 if TYPE_CHECKING:
     from linter.model import Model
 
-_MAX_DEPTH = 4
 # `scaler.step` unscales what `unscale_` has not
 UNSCALING = (SiteKind.UNSCALE, SiteKind.SCALER_STEP)
 
@@ -150,7 +150,7 @@ def _backward_start(model: Model, call: cst.Call) -> cst.BaseExpression | None:
 
 
 def _scaler_of_value(model: Model, value, scope: Scope, order: int, depth: int) -> str | None:
-    if depth > _MAX_DEPTH:
+    if depth > FOLLOW_DEPTH:
         return None
     value = strip_parens(value)
     pair = method_call(value)
@@ -272,7 +272,7 @@ def _helper_calls(model: Model, body: Body) -> list[tuple[Stmt, set[str]]]:
 def _kinds_of(model: Model, scope: Scope, depth: int, seen: set[int]) -> set[str]:
     seen.add(id(scope))
     kinds = {s.kind for s in model.sites[id(scope)]}
-    if depth >= 2:
+    if depth + 1 >= METHOD_CALL_DEPTH:  # the helper itself is the first level
         return kinds
     for call in scope.calls:
         callee = model.local_function(call.call.func, scope)

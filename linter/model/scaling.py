@@ -6,10 +6,10 @@ from __future__ import annotations
 import libcst as cst
 
 from linter.model.cst_util import code, dotted, method_call, positional, strip_parens
+from linter.model.depths import FOLLOW_DEPTH
 from linter.model.functions import Scope, Stmt
 from linter.model.kinds import SiteKind
 from linter.model.loops import Site
-from linter.model.prepared import MAX_RESOLVE_DEPTH
 from linter.model.roles import Roles
 
 
@@ -80,7 +80,7 @@ class Scaling:
         `scaled.backward()`."""
         text = dotted(node)
         defs = scope.defs_before(text, order) if text else []
-        if not defs or defs[-1].tuple_index is not None or depth > MAX_RESOLVE_DEPTH:
+        if not defs or defs[-1].tuple_index is not None or depth > FOLLOW_DEPTH:
             return False
         d = defs[-1]
         if d.op != "=":  # `scaled /= K` keeps what `scaled` held

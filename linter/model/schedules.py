@@ -31,6 +31,7 @@ from linter.model.cst_util import (
     positional,
     strip_parens,
 )
+from linter.model.depths import SCHEDULE_DEPTH
 from linter.model.functions import Scope, Stmt
 from linter.model.kinds import GateKind, SiteKind
 from linter.model.setup import is_prepare
@@ -51,7 +52,6 @@ _LENGTH_PARAMETERS = {
     "PolynomialLR": (("total_iters", 1),),
 }
 _WARMUP_FACTORY = re.compile(r"^get_\w+_schedule_with_warmup$")
-_MAX_DEPTH = 6
 
 
 @dataclass(frozen=True)
@@ -213,7 +213,7 @@ class _Lengths:
         self.count_powers: list[int] = []
 
     def of(self, node, scope: Scope, order: int, stmt: Stmt, k=0, w=0, depth=0) -> list:
-        if depth > _MAX_DEPTH:
+        if depth > SCHEDULE_DEPTH:
             return []
         node = strip_parens(node)
         if isinstance(node, (cst.Integer, cst.Subscript)):
@@ -289,7 +289,7 @@ class _Lengths:
             before = scope.defs_before(text, order)
             return bool(before) and before[-1] in self.model.setup.prepared_defs
         if text in scope.params:  # what this module's callers pass (`make_scheduler(opt, dl)`)
-            if depth >= _MAX_DEPTH:
+            if depth >= SCHEDULE_DEPTH:
                 return False
             return any(
                 dotted(e) is not None

@@ -23,6 +23,7 @@ from linter.model.cst_util import (
     string_value,
     walk,
 )
+from linter.model.depths import FOLLOW_DEPTH
 from linter.model.functions import Def, Scope, Stmt
 from linter.model.kinds import EngineKind
 from linter.model.loops import same_path
@@ -345,7 +346,7 @@ def _cuda_device(model, node, scope: Scope, depth: int = 0) -> str | None:
             return f"cuda:{index}"
         return None  # `torch.device("cuda", local_rank)`: the rank's own
     text = dotted(node)
-    if text is None or "." in text or depth > 2:
+    if text is None or "." in text or depth > FOLLOW_DEPTH:
         return None
     defs = scope.defs.get(text) or _enclosing_defs(text, scope)
     if len(defs) != 1 or defs[0].op != "=" or defs[0].tuple_index is not None:

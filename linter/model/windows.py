@@ -23,6 +23,7 @@ from linter.model.cst_util import (
     strip_parens,
     walk,
 )
+from linter.model.depths import FOLLOW_DEPTH
 from linter.model.functions import Def, Scope, Stmt
 from linter.model.kinds import FrameKind, GateKind, RegionKind, SiteKind
 from linter.model.loops import STEP_KINDS, Gate, Site, TrainingLoop, same_path
@@ -495,7 +496,7 @@ def _budget_sides(test: cst.BaseExpression) -> list[cst.BaseExpression]:
 def _sized_by_passes(model, budget: cst.BaseExpression, scope: Scope, depth: int = 0) -> bool:
     """The budget reads, through its bindings, `len(...)`, an epoch count (`num_epochs`,
     `epoch_size`) or a division by a batch size (`50000 * 3 // micro_batch_size` batches)."""
-    if depth > 4:
+    if depth > FOLLOW_DEPTH:
         return False
     for node in walk(budget):
         if isinstance(node, cst.Call) and dotted(node.func) == "len":

@@ -15,11 +15,11 @@ from linter.model.cst_util import (
     method_call,
     string_value,
 )
+from linter.model.depths import FOLLOW_DEPTH
 from linter.model.functions import Def, Scope, Stmt
 
 if TYPE_CHECKING:
     from linter.model import Model
-from linter.model.ddp_models import _MAX_DEPTH
 
 _WORLD_SIZE_NAME = re.compile(r"^(\w+_)?world_size$|^num_processes$|^n_?gpus$", re.I)
 
@@ -28,7 +28,7 @@ _WORLD_SIZE_NAME = re.compile(r"^(\w+_)?world_size$|^num_processes$|^n_?gpus$", 
 def is_world_size(model: Model, node: cst.CSTNode, scope: Scope, depth: int = 0) -> bool:
     """`dist.get_world_size()`, `accelerator.num_processes`, `args.world_size`,
     `int(os.environ["WORLD_SIZE"])`, or a name bound to one of them."""
-    if depth > 2:
+    if depth > FOLLOW_DEPTH:
         return False
     if isinstance(node, cst.Call):
         qual = model.imports.qualify(node.func) or ""
@@ -100,7 +100,7 @@ def world_size_divisions(model: Model, loss, stmt: Stmt) -> list[WorldSizeDivisi
 
 
 def _walk_loss(model: Model, node, scope: Scope, order: int, bound, path: _Path, depth: int):
-    if depth > _MAX_DEPTH or node is None:
+    if depth > FOLLOW_DEPTH or node is None:
         return
     text = dotted(node)
     if text is not None:
