@@ -64,6 +64,34 @@ def correct(rank: int) -> nn.Module:
     return model.module
 
 
+def batchnorm_convnet(rank: int) -> nn.Module:
+    """The published ResNet-18 examples' shape, small: convolutions with BatchNorm (running
+    statistics broadcast by DDP at each forward), SGD with momentum and weight decay, a
+    comparison after every step."""
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.Conv2d(4, 4, 3, padding=1),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(4, 2),
+    )
+    model = DDP(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    generator = torch.Generator().manual_seed(200 + rank)
+    for _ in range(STEPS):
+        x = torch.randn(4, 3, 8, 8, generator=generator)
+        y = torch.randint(0, 2, (4,), generator=generator)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return net
+
+
 def dtype_round_trip(rank: int) -> nn.Module:
     """After wrapping, the model goes to float64 and back (on a GPU: .cpu() then .cuda()): its
     parameters get new tensors, DDP's gradient hooks sit on the old ones (pytorch#104336)."""
@@ -196,6 +224,7 @@ CASES = {
     "ignored_head_local_on_purpose": ignored_head_local_on_purpose,
     "rewrapped_every_run": rewrapped_every_run,
     "correct": correct,
+    "batchnorm_convnet": batchnorm_convnet,
     "dtype_round_trip": dtype_round_trip,
     "sync_flag_left_false": sync_flag_left_false,
     "params_replaced": params_replaced,
@@ -211,6 +240,7 @@ CASES = {
 CASE_OPTIONS = {
     "fresh_wrapper_on_some_paths": {"replica_every": 2},
     "drift_at_the_last_step": {"replica_every": STEPS},
+    "batchnorm_convnet": {"replica_every": 1},
 }
 
 

@@ -36,7 +36,7 @@ def _only_acl405(ranks, case: str) -> list[dict]:
     return found
 
 
-@pytest.mark.parametrize("case", ["correct", "rewrapped_every_run"])
+@pytest.mark.parametrize("case", ["correct", "rewrapped_every_run", "batchnorm_convnet"])
 def test_correct_ddp_loops_report_nothing(ranks, case):
     for row in ranks:
         assert row[case] == {"findings": [], "replicas_equal": True}
@@ -128,7 +128,12 @@ def test_drift_joins_the_step_finding_of_the_same_cause(ranks, case, unsynced_st
 
 
 REPEATS = 5  # runs of each race-prone case in one more launch (about 12 CPU seconds)
-RACE_PRONE = ("spawn_handed_models", "correct", "cast_after_wrapping_single_step")
+RACE_PRONE = (
+    "spawn_handed_models",
+    "correct",
+    "batchnorm_convnet",
+    "cast_after_wrapping_single_step",
+)
 
 
 @pytest.fixture(scope="module")
@@ -141,11 +146,11 @@ def repeated(tmp_path_factory) -> list[dict]:
 @pytest.mark.parametrize("run", range(REPEATS))
 def test_every_run_gives_the_same_verdicts(repeated, run):
     """The replica check used to cry wolf in some runs only (a checksum racing another rank's
-    step): the correct loops and the single-step drift run again and again, and every run gives
-    the same verdict on both ranks."""
+    step): the spawn-handed loop, the BatchNorm loop checked at every step and the single-step
+    drift run again and again, and every run gives the same verdict on both ranks."""
     key = "" if run == 0 else f"/{run}"
     for row in repeated:
-        for case in ("spawn_handed_models", "correct"):
+        for case in ("spawn_handed_models", "correct", "batchnorm_convnet"):
             assert row[case + key] == {"findings": [], "replicas_equal": True}
         drift = row["cast_after_wrapping_single_step" + key]
         assert [f["code"] for f in drift["findings"]] == ["ACL405"]
