@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from linter.model.cst_util import dotted, method_call, positional
+from linter.model.depths import METHOD_CALL_DEPTH
 from linter.model.functions import CallSite, Def, Frame, Scope, Stmt
 from linter.model.kinds import ContextKind, FrameKind, RegionKind, SiteKind
 from linter.model.loops import Site
@@ -222,7 +223,6 @@ STEP_KINDS_AT_CALL = {
     SiteKind.SCHED_STEP,
     SiteKind.GRAD_DIV,
 }
-_MAX_DEPTH = 3
 
 
 def inline_method_sites(graph, sites: dict[int, list[Site]]) -> None:
@@ -265,7 +265,7 @@ def _called_sites(graph, sites, scope: Scope, via: Stmt | None, depth: int, seen
         for site in own:
             if site.kind in STEP_KINDS_AT_CALL and site.stmt.via is None:
                 found.append(_seen_at(site, at))
-        if depth + 1 < _MAX_DEPTH:
+        if depth + 1 < METHOD_CALL_DEPTH:
             found += _called_sites(graph, sites, callee, at, depth + 1, seen | {id(callee)})
     return found
 
