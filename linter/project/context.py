@@ -275,13 +275,28 @@ class Project:
     # the context of one file -------------------------------------------------------------
     def context(self, path: str, text: str) -> Context | None:
         """The file's context, or None when the project adds nothing to it."""
-        if not _inside(Path(path), self.root) or not _trains(text):
+        if (
+            not _inside(Path(path), self.root)
+            or not _trains(text)
+            or not self._may_read(path, text)
+        ):
             self.used[path] = []
             return None
         builder = _Builder(self, path, text)
         found = builder.build()
         self.used[path] = sorted(self.dependency(p) for p in builder.consulted)
         return found
+
+    def _may_read(self, path: str, text: str) -> bool:
+        """A raw-text screen before `ast`: whether the file imports a module that may be one of
+        the project's, or another file of the project imports it (a caller, maybe). Neither:
+        the project has nothing for it, and its own summary (an `ast` parse, a tenth of a
+        keystroke's answer in the editor) is not made."""
+        name = self.modules.name_of(path)
+        if name and any(other != path for other in self.importers(name.rsplit(".", 1)[-1])):
+            return True
+        heads = _import_heads(text)
+        return heads is None or any(self.modules.may_hold(head, path) for head in heads)
 
     def still_valid(self, deps) -> bool:
         """Whether the modules a cached result consulted still summarise the same."""
@@ -417,6 +432,32 @@ _CALLED = re.compile(r"(?<![\w.])([A-Za-z_][\w.]*)\s*\(")
 # An import statement's line, matched where a C search found the word `import` in it.
 _IMPORT_LINE = re.compile(rb"[ \t]*(?:from[ \t][^\n]*?[ \t]import\b|import\b)[^\n]*")
 _WORD = re.compile(rb"\w+")
+
+
+_IMPORT_STATEMENT = re.compile(
+    r"(?:^|;)[ \t]*(?:from[ \t]+([\w.]+)[ \t]+import\b|import[ \t]+([^\n#;]*))", re.M
+)
+_CONTINUED_FROM = re.compile(r"^[ \t]*from[ \t][^\n]*\\$", re.M)
+
+
+def _import_heads(text: str) -> set[str] | None:
+    """The first components of the modules a text imports (`util` for `from util.misc import
+    x`, `import util.misc as m`); None when that cannot be told from the lines (a relative
+    import, a `from` continued with a backslash)."""
+    if "\\\n" in text and _CONTINUED_FROM.search(text):
+        return None
+    heads = set()
+    for source, names in _IMPORT_STATEMENT.findall(text):
+        if source:
+            if source.startswith("."):
+                return None
+            heads.add(source.split(".", 1)[0])
+            continue
+        for name in names.replace("(", " ").replace(")", " ").replace("\\", " ").split(","):
+            head = name.split(".", 1)[0].split()
+            if head:
+                heads.add(head[0])
+    return heads
 
 
 def _imported_words(path: str, size: int) -> tuple[str, ...]:

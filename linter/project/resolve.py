@@ -23,6 +23,7 @@ class Modules:
         self._resolved: dict[tuple[str, str | None], str | None] = {}
         self._names: dict[str, str | None] = {}
         self._files: dict[str, bool] = {}
+        self._heads: dict[tuple[str, str | None], bool] = {}
 
     def resolve(self, module: str, importer: str | None = None) -> str | None:
         """The file of `module` (a package's `__init__.py`), or None outside the project."""
@@ -45,10 +46,27 @@ class Modules:
                     return path
         return None
 
+    def may_hold(self, head: str, importer: str | None = None) -> bool:
+        """Whether a module whose dotted name starts with `head` may be the project's: a
+        package directory (a namespace package too) or a module of that name where
+        `resolve` looks."""
+        key = (head, os.path.dirname(importer) if importer else None)
+        if key not in self._heads:
+            bases = list(self._bases)
+            if key[1] is not None and key[1] not in bases and self._inside(key[1]):
+                bases.append(key[1])
+            self._heads[key] = any(
+                os.path.isdir(os.path.join(base, head))
+                or self._is_file(os.path.join(base, head + ".py"))
+                for base in bases
+            )
+        return self._heads[key]
+
     def forget(self) -> None:
         """Drop every answer (a module was created or deleted: a long-lived server's case)."""
         self._resolved.clear()
         self._files.clear()
+        self._heads.clear()
 
     def _is_file(self, path: str) -> bool:
         known = self._files.get(path)

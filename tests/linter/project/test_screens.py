@@ -61,3 +61,38 @@ def test_the_trains_screen_is_the_pattern():
 )
 def test_import_words(source, words):
     assert context._imported(source.encode()) == words
+
+
+@pytest.mark.parametrize(
+    ("source", "heads"),
+    [
+        ("import os, util.misc as m\n", {"os", "util"}),
+        ("from a.b import (\n    c,\n    d,\n)\n    import torch  # x\n", {"a", "torch"}),
+        ("from x import y; import z\n", {"x", "z"}),
+        ("from . import engine\n", None),  # relative: the project's, maybe
+        ("from util \\\n    import misc\n", None),  # continued: not told by its lines
+    ],
+)
+def test_import_heads(source, heads):
+    assert context._import_heads(source) == heads
+
+
+def test_a_file_that_reads_nothing_of_its_project_is_not_parsed_for_it(tmp_path, monkeypatch):
+    """Its imports name no module of the project and no file imports it: no `ast` parse."""
+    from linter.project.context import Project
+
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "util").mkdir()
+    (tmp_path / "util" / "misc.py").write_text("def wrap(model):\n    return model\n")
+    alone = "import torch\nimport os.path\n\nfor x in data:\n    loss(x).backward()\n"
+    reads = "import util.misc\n" + alone
+    (tmp_path / "train.py").write_text(alone)
+    summarised = []
+    real = context.summarize
+    monkeypatch.setattr(context, "summarize", lambda path, *a: summarised.append(path) or
+                        real(path, *a))  # fmt: skip
+    project = Project(tmp_path)
+    path = str(tmp_path / "train.py")
+    assert project.context(path, alone) is None and summarised == []
+    assert project.context(path, reads) is None
+    assert summarised == [path, str(tmp_path / "util" / "misc.py")]
