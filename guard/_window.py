@@ -1,7 +1,10 @@
 """The accumulation window: which micro-step we are on and whether this one ends with a sync.
 
-Kept apart from the engine so that the counting rules (Accelerate's reference semantics 2 and 10)
-live in one small, testable place. Everything here is plain Python state: no tensors, no syncs.
+Kept apart from the engine so that Accelerate's counting rules live in one small, testable place:
+each `accumulate()` entry is a micro-step, an update step when the count reaches a multiple of K
+or the loader yields its last batch, and a tail window of r < K micro-batches is still divided
+by K (README, "What the engine does", 2 and 10). Everything here is plain Python state: no
+tensors, no syncs.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """`guard.Engine`: mixed precision, gradient accumulation and data parallelism, done correctly.
 
-The method names are Accelerate's, so switching is mechanical. The semantics are the ten
-reference points at the top of CATALOG.md, with these documented differences:
+The method names are Accelerate's, so switching is mechanical. The semantics are Accelerate's
+(the README's "What the engine does": backward divides by K, an update step every K
+`accumulate()` entries or at the loader's last batch, optimizer, scheduler and `no_sync` gated on
+it, an autocast forward with fp32 outputs), with these differences:
 
 - fp16 on a CPU device really runs fp16 autocast with `torch.amp.GradScaler("cpu")`
   (Accelerate silently trains fp32 there while reporting fp16).
@@ -12,7 +14,8 @@ reference points at the top of CATALOG.md, with these documented differences:
 - `backward(loss_sum, num_items=n)` normalises by the item count of the whole window across all
   ranks, which gives the exact large-batch gradient for variable-length token losses.
 - `state_dict()` also holds the gradients of a half-finished window, so resuming mid-window gives
-  the same parameters as an uninterrupted run (the catalogue's engine would refuse to save there).
+  the same parameters as an uninterrupted run (without them a checkpoint taken mid-window loses
+  or repeats micro-batches on resume).
 
 Kept from Accelerate on purpose: under W processes a prepared map-style loader gives rank r the
 batches r, r + W, ...; the last group is completed with samples from the start of the epoch (they

@@ -1,8 +1,9 @@
 """What `Engine.prepare` hands back: a model with an autocast forward, and wrappers around the
 optimizer, scheduler and dataloader that carry the accumulation gating.
 
-The wrappers follow Accelerate's reference semantics (points 5, 6, 8 and 10 in CATALOG.md) and
-differ where the catalogue says Accelerate is wrong or silent:
+The wrappers follow Accelerate's semantics (README, "What the engine does", 5, 6, 8 and 10:
+optimizer and scheduler gated on the update step, an autocast forward with fp32 outputs, a tail
+window divided by K) and differ where Accelerate is wrong or silent:
 - a skipped fp16 step is detected by the scale back-off, so fused optimizers are covered too;
 - fp16 on CPU really runs fp16 autocast (Accelerate silently trains fp32 there).
 """
@@ -76,9 +77,10 @@ def to_device(value: Any, device: torch.device) -> Any:
 
 
 class _AutocastForward(_patch.TransparentWrapper):
-    """The engine's forward: autocast around the model's own, fp32 outputs (reference
-    semantics 8). A checkpoint (`torch.save(model)`, pickle, deepcopy) holds the model's own
-    forward: it loads without the guard, as the plain model."""
+    """The engine's forward: autocast around the model's own, fp32 outputs (so the loss is
+    computed in fp32 and backward runs outside autocast). A checkpoint (`torch.save(model)`,
+    pickle, deepcopy) holds the model's own forward: it loads without the guard, as the plain
+    model."""
 
     def __init__(self, forward: Any, device_type: str, dtype: torch.dtype) -> None:
         super().__init__(forward)
@@ -96,7 +98,7 @@ class _AutocastForward(_patch.TransparentWrapper):
 
 
 def wrap_forward(model: torch.nn.Module, device_type: str, dtype: torch.dtype) -> None:
-    """Run `model.forward` under autocast and return fp32 outputs (reference semantics 8).
+    """Run `model.forward` under autocast and return fp32 outputs, as Accelerate does.
 
     The loss is then computed in fp32 and backward runs outside autocast. The original forward
     stays reachable as `model._original_forward`, as with Accelerate.
@@ -193,7 +195,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
 
 
 class PreparedScheduler:
-    """Steps the wrapped scheduler only after a real optimizer step (reference semantics 6).
+    """Steps the wrapped scheduler only after a real optimizer step: on an update step whose
+    optimizer step ran (not after a skipped fp16 step), as Accelerate does.
 
     Like Accelerate it steps W times per optimizer step unless `split_batches=True`, so a
     schedule sized in global batches (samples / per-process batch size) keeps its length.
@@ -277,7 +280,8 @@ class _ShardedBatches(torch.utils.data.Sampler):
 
 
 class PreparedDataLoader:
-    """Yields device batches and flags its last batch one batch ahead (reference semantics 2).
+    """Yields device batches and flags its last batch one batch ahead: that batch's
+    `accumulate()` entry is an update step whatever the count, as in Accelerate.
 
     Under W > 1 it shards a map-style loader's batches across ranks (see `_ShardedBatches`).
     """

@@ -19,7 +19,7 @@ from guard.run_report import recorder
 from guard.run_report.config import configuration
 
 FORMAT = "accel-guard-report"
-VERSION = 2  # 1 was a bare list of findings
+VERSION = 2  # a version-1 file (a bare list of findings) is read and rewritten as 2
 
 
 def run() -> dict:

@@ -1,4 +1,4 @@
-"""The project a linted file belongs to: facts from its other modules (issue 23).
+"""The project a linted file belongs to: facts from its other modules.
 
 `root.find_roots` finds each path's project as ruff and pyright do; `resolve.Modules` maps the
 file's imports of the project's own modules to files (third-party and stdlib are never
