@@ -14,7 +14,13 @@ analysis alone (`lint_text` in this process, with the server's parse cache and o
 whole), so the server's own share (JSON-RPC, conversion, scheduling) is the difference, and
 the load average: on a machine shared with other jobs every figure grows with the load.
 
-    python bench/lsp_latency.py [--rounds 40] [--warmup 5]
+    python bench/lsp_latency.py [--rounds 40] [--warmup 5] [--in-project] [--alone]
+
+`--in-project` types in a copy of the script inside a small project of its own (a temporary
+directory with a `pyproject.toml` and a `launch.py` that calls the script's `train`), so every
+answer also builds the project context (the caller's text read with the script's; issue 23).
+`--alone` starts the server with ACCEL_LINT_NO_PROJECT=1: each document read alone, the figure
+to compare with.
 """
 
 from __future__ import annotations
@@ -22,8 +28,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -68,19 +76,42 @@ def cpu_seconds(pid: int) -> float | None:
 KEYSTROKES = {"config": ("    log_every: int = 5\n", "5"), "loop": ("    micro_step = 0\n", "0")}
 
 
-async def measure(rounds: int, warmup: int) -> dict[str, tuple[list[float], int, float | None]]:
+LAUNCH = """\
+import torch
+
+from train_500 import parse_args, train
+
+
+def launch(argv):
+    torch.distributed.init_process_group("nccl")
+    return train(parse_args(argv))
+"""
+
+
+def in_project(directory: Path) -> Path:
+    """The script copied into a project of its own, with a module that calls its `train`."""
+    (directory / "pyproject.toml").write_text("[project]\nname = 'bench'\n")
+    (directory / "launch.py").write_text(LAUNCH)
+    return Path(shutil.copy(SCRIPT, directory / SCRIPT.name))
+
+
+async def measure(
+    rounds: int, warmup: int, script: Path = SCRIPT, env: dict | None = None
+) -> dict[str, tuple[list[float], int, float | None]]:
     """Per keystroke site: the latencies, the diagnostics of the last answer, CPU per answer."""
     client = Client()
-    await client.lsp.start_io(sys.executable, "-m", "linter.server", cwd=str(REPO))
+    root = script.parent if script != SCRIPT else REPO
+    command = (sys.executable, "-m", "linter.server")
+    await client.lsp.start_io(*command, cwd=str(REPO), env=env)
     params = types.InitializeParams(
         process_id=os.getpid(),
-        root_uri=from_fs_path(str(REPO)),
+        root_uri=from_fs_path(str(root)),
         capabilities=types.ClientCapabilities(),
     )
     await client.lsp.initialize_async(params)
     client.lsp.initialized(types.InitializedParams())
-    text = SCRIPT.read_text(encoding="utf-8")
-    uri = from_fs_path(str(SCRIPT))
+    text = script.read_text(encoding="utf-8")
+    uri = from_fs_path(str(script))
     item = types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)
     client.lsp.text_document_did_open(types.DidOpenTextDocumentParams(text_document=item))
     await client.wait_for(1)
@@ -146,11 +177,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--in-project", action="store_true", help="type inside a project")
+    parser.add_argument("--alone", action="store_true", help="ACCEL_LINT_NO_PROJECT=1")
     options = parser.parse_args()
-    results = asyncio.run(measure(options.rounds, options.warmup))
+    env = {**os.environ, "ACCEL_LINT_NO_PROJECT": "1"} if options.alone else None
+    with tempfile.TemporaryDirectory() as directory:
+        script = in_project(Path(directory)) if options.in_project else SCRIPT
+        results = asyncio.run(measure(options.rounds, options.warmup, script, env))
     lines = SCRIPT.read_text(encoding="utf-8").count("\n")
     findings = results["config"][1]
-    print(f"{SCRIPT.relative_to(REPO)}: {lines} lines, {findings} diagnostics per answer")
+    where = " (in a project with launch.py)" if options.in_project else ""
+    alone = ", ACCEL_LINT_NO_PROJECT=1" if options.alone else ""
+    shown = SCRIPT.relative_to(REPO)
+    print(f"{shown}{where}{alone}: {lines} lines, {findings} diagnostics per answer")
     for site, (latencies, _, cpu) in results.items():
         print(
             f"didChange in the {site} -> publishDiagnostics ({len(latencies)} rounds after"
