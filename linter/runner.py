@@ -203,9 +203,14 @@ def _execute(jobs: list[Job]) -> list[FileResult]:
     workers = min(os.cpu_count() or 1, max(1, len(jobs) // 8))
     method = "fork" if sys.platform == "linux" else None
     context = multiprocessing.get_context(method)
-    chunk = max(1, len(jobs) // (workers * 4))
+    # Largest first, one file at a time: a file's cost grows with its size, and the run ends
+    # when the last worker does, so the big files must not share a chunk or come last.
+    order = sorted(range(len(jobs)), key=lambda i: len(jobs[i].data), reverse=True)
+    results: list[FileResult | None] = [None] * len(jobs)
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        return list(pool.map(lint_job, jobs, chunksize=chunk))
+        for index, result in zip(order, pool.map(lint_job, [jobs[i] for i in order]), strict=True):
+            results[index] = result
+    return results
 
 
 def lint_job(job: Job) -> FileResult:

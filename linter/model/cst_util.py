@@ -7,6 +7,7 @@ tree, so it walks the dataclass fields directly (about ten times faster) and ski
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Iterator
 
 import libcst as cst
@@ -72,9 +73,12 @@ def children(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     return iter(child_list(node))
 
 
-def child_list(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """`children` as a list: one call per node instead of a generator step per child, which
-    halves the time of a walk (every rule's hot path)."""
+def child_list(node: cst.CSTNode) -> tuple[cst.CSTNode, ...]:
+    """`children` as a tuple, read from the fields once per node: libcst nodes are immutable,
+    and the rules walk the same statements again and again (walks are most of their time)."""
+    known = _CHILDREN.get(id(node))
+    if known is not None and known[0] is node:
+        return known[1]
     found = []
     for name in _FIELDS.get(type(node)) or _fields(type(node)):
         value = getattr(node, name)
@@ -85,23 +89,37 @@ def child_list(node: cst.CSTNode) -> list[cst.CSTNode]:
                     found.append(item)
         elif _IS_NODE.get(kind) or _is_node(value):
             found.append(value)
-    return found
+    kids = tuple(found)
+    if len(_CHILDREN) < _MAX_REMEMBERED:
+        _CHILDREN[id(node)] = (node, kids)  # the node kept alive: its id is not reused
+    return kids
+
+
+# Children by node id, for the module being analysed (`forget_children` between modules). The
+# bound keeps a big module's memory in check (about 150 bytes an entry); past it, children are
+# read from the fields again.
+_CHILDREN: dict[int, tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]] = {}
+_MAX_REMEMBERED = 1 << 18
+
+
+def forget_children() -> None:
+    """Drop the remembered children (and the trees they keep alive): a new module is analysed."""
+    _CHILDREN.clear()
 
 
 def walk(node: cst.CSTNode, into_scopes: bool = False) -> Iterator[cst.CSTNode]:
     """Pre-order walk in source order; nested defs, classes and lambdas only when asked."""
     stack = [node]
+    pop, extend = stack.pop, stack.extend
     while stack:
-        current = stack.pop()
+        current = pop()
         yield current
         if current is not node and not into_scopes and type(current) in _SCOPES:
             continue
-        kids = child_list(current)
-        kids.reverse()
-        stack.extend(kids)
+        extend(reversed(child_list(current)))
 
 
-_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+_SCOPES = frozenset((cst.FunctionDef, cst.ClassDef, cst.Lambda))
 
 
 def compound_statements(node: cst.CSTNode) -> Iterator[cst.BaseCompoundStatement]:
@@ -112,9 +130,9 @@ def compound_statements(node: cst.CSTNode) -> Iterator[cst.BaseCompoundStatement
     stack = [node]
     while stack:
         current = stack.pop()
-        if isinstance(current, cst.BaseCompoundStatement):
+        if _kind_of(type(current)) is _COMPOUND:
             yield current
-        kids = [k for k in child_list(current) if isinstance(k, _HOLDS_STATEMENTS)]
+        kids = [k for k in child_list(current) if _kind_of(type(k)) is not None]
         kids.reverse()
         stack.extend(kids)
 
@@ -131,16 +149,53 @@ _HOLDS_STATEMENTS = (
 )
 
 
+class _Holder(enum.Enum):
+    """What a node type is to the statement walk."""
+
+    COMPOUND = enum.auto()  # a compound statement (it holds statements too)
+    OTHER = enum.auto()  # a suite, else, finally, handler or match case
+
+
+_COMPOUND = _Holder.COMPOUND
+_KINDS: dict[type, _Holder | None] = {}
+
+
+def _kind_of(node_type: type) -> _Holder | None:
+    """Whether a node type is a compound statement, another statement holder, or neither,
+    answered once per type (`isinstance` on libcst's abstract classes is slow)."""
+    try:
+        return _KINDS[node_type]
+    except KeyError:
+        pass
+    if issubclass(node_type, cst.BaseCompoundStatement):
+        kind = _COMPOUND
+    elif issubclass(node_type, _HOLDS_STATEMENTS):
+        kind = _Holder.OTHER
+    else:
+        kind = None
+    _KINDS[node_type] = kind
+    return kind
+
+
 def dotted(node: cst.CSTNode | None) -> str | None:
     """`a.b.c` for a Name/Attribute chain, else None."""
+    kind = type(node)
+    if kind is _NAME:  # most calls: a plain name
+        return node.value
     parts: list[str] = []
-    while isinstance(node, cst.Attribute):
+    while kind is _ATTRIBUTE:
         parts.append(node.attr.value)
         node = node.value
-    if isinstance(node, cst.Name):
+        kind = type(node)
+    if kind is _NAME:
         parts.append(node.value)
-        return ".".join(reversed(parts))
+        parts.reverse()
+        return ".".join(parts)
     return None
+
+
+# Exact types: the parser builds no subclasses of these (isinstance on libcst's ABCs is slow).
+_NAME, _ATTRIBUTE = cst.Name, cst.Attribute
 
 
 def last_part(text: str | None) -> str:

@@ -25,7 +25,7 @@ from linter.model.classes import (
     inline_instance_calls,
     inline_method_sites,
 )
-from linter.model.cst_util import method_call
+from linter.model.cst_util import forget_children, method_call
 from linter.model.dataflow import Flow, trace_loss
 from linter.model.functions import CallSite, Def, Scope, ScopeCollector, Stmt
 from linter.model.gates import Gates, regions_around
@@ -57,6 +57,7 @@ class Model:
         tree: ast.Module | None = None,
         path: str | None = None,
     ) -> None:
+        forget_children()  # the last module's tree, which nothing reads any more
         self.module = module
         self.source = source  # the module's text (None when built from a tree alone)
         self.path = path  # the file's shown path: config files it loads are found beside it
