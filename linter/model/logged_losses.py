@@ -40,6 +40,7 @@ from linter.model.functions import Def, Scope, Stmt
 from linter.model.kinds import FrameKind, GateKind, SiteKind
 from linter.model.loops import same_path
 from linter.model.losses import accumulates
+from linter.model.names import walk_outer
 
 if TYPE_CHECKING:
     from linter.model import Model, Site, TrainingLoop
@@ -351,13 +352,13 @@ def _sums_a_window(stmt: Stmt) -> bool:
 def _reads(model: Model, stmt: Stmt, name: str, items_only: bool):
     """The logger calls reading `name`, then the `.item()` calls on it outside any logger."""
     inside_loggers: set[int] = set()
-    for sub in walk(stmt.node):
+    for sub in walk_outer(stmt.node, name):
         if isinstance(sub, cst.Call) and _is_logger(model, sub, name):
             args = [a.value for a in sub.args]
             if any(_refers(arg, name, items_only) for arg in args):
                 inside_loggers.update(id(n) for arg in args for n in walk(arg))
                 yield sub
-    for sub in walk(stmt.node):
+    for sub in walk_outer(stmt.node, name):
         if id(sub) not in inside_loggers and _item_of(sub, name):
             yield sub
 
@@ -374,7 +375,7 @@ def _is_logger(model: Model, call: cst.Call, name: str) -> bool:
 
 
 def _refers(arg, name: str, items_only: bool) -> bool:
-    for sub in walk(arg):
+    for sub in walk_outer(arg, name):
         if items_only and _item_of(sub, name):
             return True
         if not items_only and dotted(sub) == name:

@@ -7,9 +7,11 @@ module is enough and costs one pass over the import statements.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import libcst as cst
 
-from linter.model.cst_util import dotted
+from linter.model.cst_util import child_list, dotted, walk
 
 
 class Imports:
@@ -50,3 +52,33 @@ class Imports:
     def is_imported(self, node: cst.CSTNode | None) -> bool:
         text = dotted(node)
         return text is not None and text.split(".", 1)[0] in self.aliases
+
+
+_COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
+_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)  # their own names: `walk` stops there too
+
+
+def walk_outer(node: cst.CSTNode, name: str) -> Iterator[cst.CSTNode]:
+    """`walk`, leaving out what a comprehension binding `name` itself reads as `name`.
+
+    `[loss.item() for loss in history]` has its own `loss`: only its first iterable is
+    evaluated in the enclosing scope, so only there does `loss` mean the loop's loss."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        if current is not node and isinstance(current, _SCOPES):
+            continue
+        if isinstance(current, _COMPREHENSIONS) and _binds(current.for_in, name):
+            stack.append(current.for_in.iter)
+            continue
+        stack.extend(reversed(child_list(current)))
+
+
+def _binds(clause: cst.CompFor | None, name: str) -> bool:
+    """Whether a comprehension's `for` clauses bind `name` (`for loss in`, `for i, loss in`)."""
+    while clause is not None:
+        if any(isinstance(n, cst.Name) and n.value == name for n in walk(clause.target)):
+            return True
+        clause = clause.inner_for_in
+    return False

@@ -407,3 +407,19 @@ def test_a_value_taken_from_the_divided_loss_and_multiplied_back_is_the_loss(acl
     assert acl504.findings(source) == []
     kept = source.replace(f"            {back}\n", "            pass\n")
     assert [c for c, *_ in acl504.findings(kept)] == ["ACL504"]
+
+
+def test_a_comprehension_binding_the_same_name_reads_its_own_values(acl504):
+    # Adam-mini's llama example: `[loss.item() for loss in losses_since_last_log]` logs the
+    # undivided values the list holds; its `loss` is the comprehension's, not the divided one.
+    source = manual("history.append(raw)\n    values = [loss.item() for loss in history]")
+    assert acl504.findings(source) == []
+    source = manual("print(sum(loss.item() for i, loss in enumerate(history)))")
+    assert acl504.findings(source) == []
+
+
+def test_the_divided_loss_read_inside_a_comprehension_is_still_logged(acl504, at):
+    source = manual("print([loss.item() for h in history])")
+    assert acl504.findings(source) == [("ACL504", *at(source, "print("))]
+    source = manual("print([loss for loss in [loss.item()]])")  # its first iterable: outside
+    assert acl504.findings(source) == [("ACL504", *at(source, "print("))]
