@@ -113,11 +113,6 @@ class Scan:
     limit: tuple[str, int] | None = None  # CPython's own nesting limit, met in a piece
     gave_up: bool = False  # CPython ran out of recursion or memory on a piece
 
-    @property
-    def judged(self) -> bool:
-        """Whether the screen's answer was read from the pieces alone (then the depth holds)."""
-        return self.limit is None and not self.gave_up
-
 
 Measure = Callable[[ast.AST], tuple[int, int]]  # a tree's nesting depth and the line it starts
 Limit = Callable[[SyntaxError], "tuple[str, int] | None"]  # CPython's nesting limit, if that

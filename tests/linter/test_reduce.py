@@ -214,6 +214,34 @@ def concise(path: Path) -> list[tuple[int, int, str]]:
     return [(int(m[1]), int(m[2]), m[3]) for m in found if m]
 
 
+VOCABULARY = (
+    "loss.backward", "torch.autocast", "GradScaler", "clip_grad_norm_", "zero_grad", "no_grad",
+    "enable_grad", "set_grad_enabled", "inference_mode", "requires_grad_", "Accelerator",
+    "no_sync", "gradient_accumulation_steps", "DistributedSampler", "set_epoch", "train_loader",
+    "custom_fwd", "weight_decay", "optimiser", "lr_scheduler", "warmup_steps",
+    "num_training_steps", "all_gather", "all_reduce", "metrics", "accuracy", "state_dict",
+    "checkpoint", "save_state", "prepare", "deepspeed", "fabric", "lightning", "FSDP",
+    "FullyShardedDataParallel", "fully_shard", "DistributedDataParallel", "world_size",
+    "LOCAL_RANK", "set_device", "init_process_group", "bfloat16", "fp16", "bf16",
+    "mixed_precision", "criterion", "Trainer", "TrainingArguments", "guard", "amp", "x.grad",
+    "opt.step", "model.eval", "model.train", "x.half", "dist", "cuda", "rank", "DDP", "reduce",
+    "loss_fn", "val", "valid", "validation", "validate", "evaluate", "test_loader", "dev_set",
+)  # fmt: skip
+UNRELATED = ("value", "device", "interval", "example", "sample", "training", "contest", "x.dev0")
+
+
+def test_the_vocabulary_is_found_in_any_statement():
+    """Each word of the vocabulary makes its statement a root, found through the anchors."""
+    words = VOCABULARY + UNRELATED
+    text = "".join(f"x = {word}\n" for word in words)
+    offset, spans = 0, []
+    for word in words:
+        spans.append((offset, offset + len(f"x = {word}\n")))
+        offset = spans[-1][1]
+    roots, _ = reduce._classified(text, spans)
+    assert dict(zip(words, roots, strict=True)) == {w: w in VOCABULARY for w in words}
+
+
 # The mapping of fixes back to the original text -------------------------------------------------
 
 TEXT = "import torch\n\nA = 1\nB = {\n    1: 2,\n}\n\n\ndef train(model):\n    model.step()\n"
