@@ -6,9 +6,10 @@ from linter.context import RuleContext
 from linter.model import accumulation, k_reads
 from linter.model.config_space import k_configuration
 from linter.model.cst_util import code
+from linter.model.kinds import ReadKind
 
 # Reads that show K is applied somewhere (or may be, out of sight).
-_APPLIED = ("engine", "gate", "division", "call")
+_APPLIED = (ReadKind.ENGINE, ReadKind.GATE, ReadKind.DIVISION, ReadKind.CALL)
 
 
 def check(ctx: RuleContext) -> None:
@@ -22,7 +23,7 @@ def check(ctx: RuleContext) -> None:
     reads = k_reads.k_reads(model)
     if any(r.kind in _APPLIED for r in reads):
         return
-    arithmetic = [r for r in reads if r.kind == "arithmetic"]
+    arithmetic = [r for r in reads if r.kind == ReadKind.ARITHMETIC]
     if not arithmetic:
         return
     read = arithmetic[0]

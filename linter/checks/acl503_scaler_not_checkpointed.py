@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from linter.context import RuleContext
 from linter.model.checkpoints import checkpoints, enabled_scalers, is_scaler_text
+from linter.model.kinds import CheckpointKind
 from linter.model.precision_runs import scaler_configuration
 
 
@@ -15,7 +16,7 @@ def check(ctx: RuleContext) -> None:
         return
     seen = set()  # one dict saved to `last.pt` and `best.pt` is one finding
     for checkpoint in checkpoints(model):
-        if checkpoint.kind != "torch.save" or not checkpoint.fully_visible:
+        if checkpoint.kind != CheckpointKind.TORCH_SAVE or not checkpoint.fully_visible:
             continue
         if checkpoint.binding is not None and id(checkpoint.binding) in seen:
             continue

@@ -15,6 +15,7 @@ import libcst as cst
 
 from linter.model.cst_util import code, dotted, method_call, positional, string_value, walk
 from linter.model.functions import Stmt
+from linter.model.kinds import CheckpointKind
 
 _SAVE_FUNCTIONS = {"torch.save"}
 _ENGINE_SAVES = {"save_state", "save_checkpoint"}
@@ -28,7 +29,7 @@ class Checkpoint:
 
     call: cst.Call
     stmt: Stmt
-    kind: str  # "torch.save" | "engine"
+    kind: CheckpointKind
     keys: list[str] = field(default_factory=list)  # key texts, in the order they were added
     values: list[cst.BaseExpression] = field(default_factory=list)
     # Whether every entry of the saved dict can be read here; False for `**extra`, a helper's
@@ -66,14 +67,15 @@ def _find_checkpoints(model) -> list[Checkpoint]:
     for call in model.calls:
         qual = model.imports.qualify(call.call.func) or ""
         if call.method in _ENGINE_SAVES and model.engine_for(call.receiver, call.stmt.scope):
-            found.append(Checkpoint(call.call, call.stmt, "engine", fully_visible=False))
+            saved = Checkpoint(call.call, call.stmt, CheckpointKind.ENGINE, fully_visible=False)
+            found.append(saved)
         elif qual in _SAVE_FUNCTIONS and positional(call.call):
             found.append(_torch_save(model, call))
     return sorted(found, key=lambda c: c.stmt.order)
 
 
 def _torch_save(model, call) -> Checkpoint:
-    checkpoint = Checkpoint(call.call, call.stmt, "torch.save")
+    checkpoint = Checkpoint(call.call, call.stmt, CheckpointKind.TORCH_SAVE)
     _read_state(model, positional(call.call)[0], call.stmt, checkpoint, 0)
     return checkpoint
 
@@ -181,7 +183,7 @@ def describe(model) -> list[dict]:
     entries = []
     for checkpoint in checkpoints(model):
         entry = {"kind": checkpoint.kind, "line": model.line(checkpoint.call)}
-        if checkpoint.kind == "torch.save":
+        if checkpoint.kind == CheckpointKind.TORCH_SAVE:
             entry["keys"] = [k for k in checkpoint.keys if k]
             entry["fully_visible"] = checkpoint.fully_visible
         entries.append(entry)

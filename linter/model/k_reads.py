@@ -15,7 +15,7 @@ import libcst as cst
 from linter.model.accumulation import PASS_CALLS, is_k_name, short_name, spells_k
 from linter.model.cst_util import children, dotted, method_call, string_value, walk
 from linter.model.functions import Scope, Stmt
-from linter.model.kinds import FrameKind, SiteKind
+from linter.model.kinds import FrameKind, ReadKind, SiteKind
 from linter.model.loops import BACKWARD_KINDS
 
 # Keyword arguments and config keys that hand K to something that accumulates.
@@ -28,12 +28,9 @@ _LOG_CALLS = re.compile(
 
 @dataclass(eq=False)
 class Read:
-    """One read of K. kind: "engine" (handed to an engine, trainer or config), "gate" (a
-    modulus, a comparison, a `range`), "division" (of a loss or of gradients), "arithmetic"
-    (step, learning-rate or batch arithmetic), "log" (printed or logged), "call" (given to a
-    call the linter cannot see into), "alias" (bound to another name)."""
+    """One read of K and what it does with K (`ReadKind`)."""
 
-    kind: str
+    kind: ReadKind
     node: cst.CSTNode
     stmt: Stmt
     target: str | None = None  # the name an arithmetic read is assigned to
@@ -50,15 +47,15 @@ def _k_reads(model) -> list[Read]:
             reads.extend(_reads_in(model, stmt.node, stmt, _target(stmt)))
         for node, stmt in _headers(scope):
             for read in _reads_in(model, node, stmt, None):
-                if read.kind in ("arithmetic", "alias"):
-                    read.kind = "gate"  # a loop or `if` header decides what runs
+                if read.kind in (ReadKind.ARITHMETIC, ReadKind.ALIAS):
+                    read.kind = ReadKind.GATE  # a loop or `if` header decides what runs
                 reads.append(read)
     divisors = _division_nodes(model)
     for read in reads:
-        if read.kind == "arithmetic" and id(read.node) in divisors:
-            read.kind = "division"
-        elif read.kind == "arithmetic" and _only_logged(model, read):
-            read.kind = "log"
+        if read.kind == ReadKind.ARITHMETIC and id(read.node) in divisors:
+            read.kind = ReadKind.DIVISION
+        elif read.kind == ReadKind.ARITHMETIC and _only_logged(model, read):
+            read.kind = ReadKind.LOG
     return reads
 
 
@@ -121,36 +118,36 @@ def _is_read(node, parents) -> bool:
     return not isinstance(parent, (cst.Param, cst.ImportAlias))
 
 
-def _kind(model, node, parents) -> str:
+def _kind(model, node, parents) -> ReadKind:
     if any(_is_log(model, p) for p in parents):
-        return "log"
+        return ReadKind.LOG
     child = node
     for parent in reversed(parents):
         if isinstance(parent, cst.BinaryOperation):
-            return "gate" if isinstance(parent.operator, cst.Modulo) else "arithmetic"
+            return ReadKind.GATE if isinstance(parent.operator, cst.Modulo) else ReadKind.ARITHMETIC
         if isinstance(parent, cst.Comparison):
-            return "gate"
+            return ReadKind.GATE
         if isinstance(parent, cst.Arg):
             if parent.keyword is not None and parent.keyword.value in _K_KEYS:
-                return "engine"
+                return ReadKind.ENGINE
         elif isinstance(parent, cst.DictElement):
             if string_value(parent.key) in _K_KEYS or is_k_name(string_value(parent.key)):
-                return "engine"
-            return "call"
+                return ReadKind.ENGINE
+            return ReadKind.CALL
         elif isinstance(parent, cst.Call) and child is not parent.func:
             name = dotted(parent.func) or ""
             if name in PASS_CALLS:
                 child = parent
                 continue
-            return "gate" if name == "range" else "call"
+            return ReadKind.GATE if name == "range" else ReadKind.CALL
         elif isinstance(parent, (cst.Assign, cst.AnnAssign)):
-            return "engine" if _k_key_target(parent) else "alias"
+            return ReadKind.ENGINE if _k_key_target(parent) else ReadKind.ALIAS
         elif isinstance(parent, cst.AugAssign):
-            return "arithmetic"
+            return ReadKind.ARITHMETIC
         elif isinstance(parent, (cst.Return, cst.Yield)):
-            return "call"
+            return ReadKind.CALL
         child = parent
-    return "alias"
+    return ReadKind.ALIAS
 
 
 def _k_key_target(assign) -> bool:

@@ -123,3 +123,59 @@ class ScalerRole(StrEnum):
     """It scales, or may at runtime."""
     DISABLED = "disabled"
     """Built with a literal `enabled=False`: every call passes through."""
+
+
+class BuiltKind(StrEnum):
+    """What a constructor call of the setup builds (`setup.built_kind`)."""
+
+    ENGINE = "engine"
+    """`Accelerator(...)`, the guard's `Engine(...)`, `Fabric(...)`: its library is
+    `setup.engine_kind`."""
+    SCALER = "scaler"
+    """`GradScaler(...)` / `ShardedGradScaler(...)`."""
+    DDP = "ddp"
+    """`DistributedDataParallel(...)` / `FullyShardedDataParallel(...)` (or `DDP`, `FSDP`)."""
+    SCHEDULER = "scheduler"
+    """A `torch.optim.lr_scheduler` class or a schedule factory (`get_cosine_schedule_...`)."""
+    OPTIMIZER = "optimizer"
+    """A `torch.optim` or bitsandbytes optimizer, transformers' `AdamW`, `Adafactor`, or an
+    optimizer factory (`create_optimizer`)."""
+
+
+class ReadKind(StrEnum):
+    """What a read of the accumulation value K does with it (`k_reads.Read`, weighed by
+    ACL313: K that only enters arithmetic describes batches that never exist)."""
+
+    ENGINE = "engine"
+    """Handed to an engine, a trainer or a config (`gradient_accumulation_steps=K`)."""
+    GATE = "gate"
+    """A modulus, a comparison, a `range`, or any read in a loop or `if` header."""
+    DIVISION = "division"
+    """Divides a loss or the gradients."""
+    ARITHMETIC = "arithmetic"
+    """Step, learning-rate or batch arithmetic (`total_batch = bs * K`)."""
+    LOG = "log"
+    """Printed or logged only."""
+    CALL = "call"
+    """Given to a call the linter cannot see into, or returned."""
+    ALIAS = "alias"
+    """Bound to another name."""
+
+
+class LossTermKind(StrEnum):
+    """What a token-level loss on the path to a backward is (`losses.TokenMean`)."""
+
+    MEAN = "mean"
+    """A mean over the micro-batch's tokens: weighted by its token count, ACL308's finding."""
+    SUM = "sum"
+    """A token sum (`reduction="sum"`): no finding by itself; divided by its own micro-batch's
+    token count it is a mean again."""
+
+
+class CheckpointKind(StrEnum):
+    """How a training checkpoint is saved (`checkpoints.Checkpoint`)."""
+
+    TORCH_SAVE = "torch.save"
+    """`torch.save(state, path)`: the keys of the saved dict can be read."""
+    ENGINE = "engine"
+    """`accelerator.save_state(...)` / `save_checkpoint(...)`: the engine decides what it holds."""

@@ -32,7 +32,7 @@ from linter.model.cst_util import (
 )
 from linter.model.depths import LOSS_DEPTH
 from linter.model.functions import Scope, Stmt
-from linter.model.kinds import GateKind
+from linter.model.kinds import GateKind, LossTermKind
 from linter.model.setup import is_prepare
 
 if TYPE_CHECKING:
@@ -56,16 +56,14 @@ _MAX_MODEL_DEPTH = 12  # a model is often rebound several times (load, adapter, 
 
 @dataclass(frozen=True)
 class TokenMean:
-    """A token-level mean loss on the path to a backward."""
+    """A token-level loss on the path to a backward: a mean, or a sum (`LossTermKind`)."""
 
     node: cst.CSTNode  # the loss call, or the `.loss` read of the model output
     what: str  # how the finding names it
     stmt: Stmt
     ignore_index: bool = False  # the loss itself skips some targets: counts vary by batch
-    # "sum": a token sum (`reduction="sum"`), no finding by itself; divided by this
-    # micro-batch's own token count it is a mean again. `call` is the loss or model call.
-    kind: str = "mean"
-    call: cst.Call | None = None
+    kind: LossTermKind = LossTermKind.MEAN
+    call: cst.Call | None = None  # the loss or model call of a token sum
 
 
 def token_means(model: Model, site: Site) -> list[TokenMean]:
@@ -77,7 +75,7 @@ def token_means(model: Model, site: Site) -> list[TokenMean]:
     if loss is None:
         return []
     found = _TokenMeans(model).of(loss, site.stmt.scope, site.stmt.order, site.stmt, 0)
-    found = [t for t in found if t.kind == "mean"]
+    found = [t for t in found if t.kind == LossTermKind.MEAN]
     if not model.memo("labels_may_be_masked", _labels_may_be_masked):
         found = [t for t in found if t.ignore_index]
     return found
@@ -185,12 +183,12 @@ class _TokenMeans:
     def _divided(self, found, node, divisor, scope, order, stmt) -> list[TokenMean]:
         """A token sum divided by the valid-token count of its own micro-batch is that
         micro-batch's mean again; divided by the window's count (or by K) it stays a sum."""
-        sums = [t for t in found if t.kind == "sum"]
+        sums = [t for t in found if t.kind == LossTermKind.SUM]
         if not sums or not _own_token_count(self.model, divisor, scope, order, sums):
             return found
         what = f"`{code(node)}` (a token sum divided by its own micro-batch's token count)"
         mean = TokenMean(node, what, stmt, any(t.ignore_index for t in sums))
-        return [t for t in found if t.kind != "sum"] + [mean]
+        return [t for t in found if t.kind != LossTermKind.SUM] + [mean]
 
     def _name(self, text: str, scope: Scope, order: int, depth: int) -> list[TokenMean]:
         defs = scope.defs_before(text, order)
@@ -274,7 +272,7 @@ class _TokenMeans:
         """A token-level loss summed over the micro-batch (`reduction="sum"`)."""
         ignoring = _has_keyword(built, "ignore_index")
         if ignoring or self._flattened_inputs(node, stmt):
-            return [TokenMean(node, "a token sum", stmt, ignoring, "sum", node)]
+            return [TokenMean(node, "a token sum", stmt, ignoring, LossTermKind.SUM, node)]
         return []
 
     def _packed_next_tokens(self, call: cst.Call, ignore, stmt: Stmt) -> bool:
@@ -330,7 +328,7 @@ class _TokenMeans:
         if head is None:
             return []
         if _sum_reduction(call):  # `model(**batch, loss_reduction="sum")`: a token sum
-            return [TokenMean(node, "a token sum", stmt, kind="sum", call=call)]
+            return [TokenMean(node, "a token sum", stmt, kind=LossTermKind.SUM, call=call)]
         return [TokenMean(node, f"`.loss` of a model built as `{head}`", stmt)]
 
     def _model_call(self, holder, scope, order, depth) -> cst.Call | None:

@@ -22,9 +22,9 @@ from linter.model.cst_util import (
 )
 from linter.model.depths import FOLLOW_DEPTH
 from linter.model.functions import Stmt
-from linter.model.kinds import FrameKind
+from linter.model.kinds import BuiltKind, FrameKind
 from linter.model.precision import BF16, DTYPES, FP16, FP32, engines
-from linter.model.setup import _callee_kind
+from linter.model.setup import built_kind
 
 _CAST_METHODS = {"half": FP16, "bfloat16": BF16}
 _PARAMETER_METHODS = {"parameters", "named_parameters"}
@@ -227,11 +227,11 @@ def _is_optimizer_call(model, site) -> bool:
     a fused optimizer (apex's, NVIDIA's `FusedLAMBAMP`, `get_optimizer(model, args)`) may keep
     fp32 master weights and take the scaler itself: it is left to the runtime check."""
     qual = model.imports.qualify(site.call.func) or ""
-    if _callee_kind(qual) == "optimizer":
+    if built_kind(qual) == BuiltKind.OPTIMIZER:
         return True
     values = [d.value for d in model.module_defs(dotted(site.call.func) or "") if d.value]
     return any(
-        _callee_kind(model.imports.qualify(sub) or "") == "optimizer"
+        built_kind(model.imports.qualify(sub) or "") == BuiltKind.OPTIMIZER
         for value in values
         for sub in walk(value)
         if isinstance(sub, cst.Attribute | cst.Name)

@@ -24,7 +24,7 @@ from linter.model.cst_util import (
     string_value,
 )
 from linter.model.functions import Def, Scope
-from linter.model.kinds import EngineKind
+from linter.model.kinds import BuiltKind, EngineKind
 from linter.model.names import Imports
 
 ENGINE_CLASSES = {
@@ -82,23 +82,31 @@ _OPTIMIZER_FACTORIES = re.compile(r"(^|\.)(create_optimizer\w*|configure_optimiz
 _SCHEDULER_FACTORIES = re.compile(r"(^|\.)(get_\w*schedule\w*|get_scheduler)$")
 
 
-def _callee_kind(qual: str) -> str | None:
+def built_kind(qual: str) -> BuiltKind | None:
     """What a constructor call builds, from its qualified name."""
     last = last_part(qual)
     if last in ("GradScaler", "ShardedGradScaler"):
-        return "scaler"
+        return BuiltKind.SCALER
+    if engine_kind(qual) is not None:
+        return BuiltKind.ENGINE
+    if last in ("DistributedDataParallel", "DDP", "FullyShardedDataParallel", "FSDP"):
+        return BuiltKind.DDP
+    if qual.startswith("torch.optim.lr_scheduler.") or _SCHEDULER_FACTORIES.search(qual):
+        return BuiltKind.SCHEDULER
+    if _OPTIMIZER_FACTORIES.search(qual):
+        return BuiltKind.OPTIMIZER
+    if qual.startswith(("torch.optim.", "bnb.optim.", "bitsandbytes.optim.")):
+        return BuiltKind.OPTIMIZER
+    if qual in ("transformers.AdamW", "transformers.optimization.AdamW", "AdamW", "Adafactor"):
+        return BuiltKind.OPTIMIZER
+    return None
+
+
+def engine_kind(qual: str) -> EngineKind | None:
+    """The library of an engine class (`Accelerator`, `Engine`, `Fabric`) a call constructs."""
+    last = last_part(qual)
     if last in ENGINE_CLASSES and (qual == last or qual.split(".")[0] in _ENGINE_PACKAGES):
         return ENGINE_CLASSES[last]
-    if last in ("DistributedDataParallel", "DDP", "FullyShardedDataParallel", "FSDP"):
-        return "ddp"
-    if qual.startswith("torch.optim.lr_scheduler.") or _SCHEDULER_FACTORIES.search(qual):
-        return "scheduler"
-    if _OPTIMIZER_FACTORIES.search(qual):
-        return "optimizer"
-    if qual.startswith(("torch.optim.", "bnb.optim.", "bitsandbytes.optim.")):
-        return "optimizer"
-    if qual in ("transformers.AdamW", "transformers.optimization.AdamW", "AdamW", "Adafactor"):
-        return "optimizer"
     return None
 
 
@@ -141,22 +149,22 @@ class SetupCollector:
                 if d.tuple_index in (0, None):
                     self.setup.engines[d.target] = Engine(d.target, EngineKind.DEEPSPEED, call)
                 continue
-            kind = _callee_kind(qual)
-            if d.tuple_index is not None and kind != "optimizer":
+            kind = built_kind(qual)
+            if d.tuple_index is not None and kind != BuiltKind.OPTIMIZER:
                 continue
-            if kind in (EngineKind.ACCELERATE, EngineKind.GUARD, EngineKind.FABRIC):
-                self.setup.engines[d.target] = self._engine(d.target, kind, call)
-            elif kind == "scaler":
+            if kind == BuiltKind.ENGINE:
+                self.setup.engines[d.target] = self._engine(d.target, engine_kind(qual), call)
+            elif kind == BuiltKind.SCALER:
                 enabled = keyword(call, "enabled")
                 state = None if enabled is not None and not _is_true(enabled) else True
                 if is_false(enabled):
                     state = False
                 self.setup.scalers[d.target] = Scaler(d.target, call, state)
-            elif kind == "optimizer":
+            elif kind == BuiltKind.OPTIMIZER:
                 self.setup.optimizers[d.target] = call
-            elif kind == "scheduler":
+            elif kind == BuiltKind.SCHEDULER:
                 self.setup.schedulers[d.target] = call
-            elif kind == "ddp":
+            elif kind == BuiltKind.DDP:
                 self.setup.ddp_models[d.target] = call
 
     def _engine(self, name: str, kind: EngineKind, call: cst.Call) -> Engine:

@@ -27,7 +27,7 @@ from linter.model.depths import FOLLOW_DEPTH
 from linter.model.functions import Def, Scope, Stmt
 from linter.model.kinds import EngineKind
 from linter.model.loops import same_path
-from linter.model.setup import _callee_kind
+from linter.model.setup import engine_kind
 
 # ---------------------------------------------------------------------------------------------
 # ACL505: parameter iterables that are empty by the time they are clipped
@@ -443,7 +443,7 @@ def _find_device_setters(model) -> dict[int, list[int]]:
 
 def _sets_device(model, call: cst.Call) -> bool:
     qual = model.imports.qualify(call.func) or ""
-    if qual in _SETS_DEVICE or _callee_kind(qual) in ("accelerate", "guard"):
+    if qual in _SETS_DEVICE or engine_kind(qual) in (EngineKind.ACCELERATE, EngineKind.GUARD):
         return True
     return last_part(qual) in _STATES and (qual in _STATES or qual.startswith("accelerate"))
 
