@@ -733,3 +733,13 @@ def test_zero_grad_every_micro_step_around_helpers_of_another_module(tree, at):
         ("ACL304", *at(engine, "optimizer.zero_grad()", 1))
     ]
     assert tree.findings("engine.py", "ACL304", alone=True) == []
+
+
+def test_loss_scaler_class_clipping_before_it_unscales_is_its_modules_finding(tree, at):
+    """The class's own protocol is judged where it is written; the engine calling it does
+    not repeat it."""
+    misc = NATIVE_SCALER.replace("            self._scaler.unscale_(optimizer)\n", "")
+    _scaler_project(tree, MAE_ENGINE, misc)
+    clip = "torch.nn.utils.clip_grad_norm_(parameters, clip_grad)"
+    assert tree.findings("util/misc.py", "ACL104") == [("ACL104", *at(misc, clip))]
+    assert tree.findings("engine.py", *STEP_CODES) == []
