@@ -117,3 +117,23 @@ def test_must_not_flag_the_same_helper_inside_accumulate(guard_on):
     loop_inside_accumulate(accelerator, model, opt, loader)
     assert guard_on.findings() == []
     assert _close(params_of(model), _reference(step_every=K))
+
+
+def test_an_entry_refused_by_another_check_does_not_blind_it_later(guard_on):
+    """ACL309 refuses a second accumulate() entry for one batch (a notebook cell, caught); that
+    entry never opened, so a later Accelerator's loop without accumulate() is still judged."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    accelerator, model, opt, loader = _prepared()
+    batch = next(iter(loader))
+    with accelerator.accumulate(model):
+        mse(model, batch)
+    with pytest.raises(guard_on.GuardError) as refused:
+        with accelerator.accumulate(model):
+            pass
+    assert refused.value.code == "ACL309"
+    AcceleratorState._reset_state(True)  # the next cell builds a new Accelerator
+    GradientState._reset_state()
+    with pytest.raises(guard_on.GuardError) as info:
+        loop_without_a_helper(*_prepared())
+    assert info.value.code == "ACL306"
