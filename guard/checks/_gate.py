@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import functools
 import linecache
+from collections.abc import Callable
 
 from guard import _report
 
@@ -39,8 +40,16 @@ def call_sites() -> tuple[tuple[str, int], ...]:
 
 def gate_location(sites: tuple[tuple[str, int], ...]) -> str | None:
     """file:line of the gate around the first of `sites` that has one, else None."""
+    return first_found(sites, _gate_line)
+
+
+def first_found(
+    sites: tuple[tuple[str, int], ...], find: Callable[[str, int], int | None]
+) -> str | None:
+    """file:line of what `find(filename, line)` finds for the first of `sites` (innermost
+    first) where it finds something, else None."""
     for filename, line in sites:
-        found = _gate_line(filename, line)
+        found = find(filename, line)
         if found is not None:
             return f"{filename}:{found}"
     return None

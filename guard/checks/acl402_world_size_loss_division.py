@@ -136,11 +136,7 @@ def _trains(module, optimizer) -> bool:
 def _world_size_division(sites: tuple) -> str | None:
     """file:line of a division by a world size in the functions around the backward (the
     innermost first), or None when none of them divides by one."""
-    for filename, line in sites:
-        found = _division_in_scope(filename, line)
-        if found is not None:
-            return f"{filename}:{found}"
-    return None
+    return _gate.first_found(sites, _division_in_scope)
 
 
 @functools.lru_cache(maxsize=64)
