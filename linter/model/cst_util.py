@@ -114,12 +114,12 @@ def walk(node: cst.CSTNode, into_scopes: bool = False) -> Iterator[cst.CSTNode]:
     while stack:
         current = pop()
         yield current
-        if current is not node and not into_scopes and type(current) in _SCOPES:
+        if current is not node and not into_scopes and type(current) in SCOPES:
             continue
         extend(reversed(child_list(current)))
 
 
-_SCOPES = frozenset((cst.FunctionDef, cst.ClassDef, cst.Lambda))
+SCOPES = frozenset((cst.FunctionDef, cst.ClassDef, cst.Lambda))  # nodes with names of their own
 
 
 def compound_statements(node: cst.CSTNode) -> Iterator[cst.BaseCompoundStatement]:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import libcst as cst
 
-from linter.model.cst_util import child_list, dotted, walk
+from linter.model.cst_util import SCOPES, child_list, dotted, walk
 
 
 class Imports:
@@ -55,7 +55,6 @@ class Imports:
 
 
 _COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
-_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)  # their own names: `walk` stops there too
 
 
 def walk_outer(node: cst.CSTNode, name: str) -> Iterator[cst.CSTNode]:
@@ -67,7 +66,7 @@ def walk_outer(node: cst.CSTNode, name: str) -> Iterator[cst.CSTNode]:
     while stack:
         current = stack.pop()
         yield current
-        if current is not node and isinstance(current, _SCOPES):
+        if current is not node and type(current) in SCOPES:
             continue
         if isinstance(current, _COMPREHENSIONS) and _binds(current.for_in, name):
             stack.append(current.for_in.iter)
