@@ -111,8 +111,26 @@ def _patch_owned_calls(tracker, cls) -> None:
             return backward(accelerator, loss, **kwargs)
 
     _patch.patch(cls, "backward", backward_)
-    for name in ("clip_grad_norm_", "clip_grad_value_"):
-        _patch.patch(cls, name, _with_flag(tracker, getattr(cls, name), "clip_via", "accelerate"))
+    for kind in ("norm", "value"):
+        name = f"clip_grad_{kind}_"
+        _patch.patch(cls, name, _announced_clip(tracker, kind, getattr(cls, name)))
+
+
+def _announced_clip(tracker, kind: str, original):
+    """Accelerate's clip, announced as one clip of the parameters passed: which torch functions
+    it calls inside (`clip_grad_norm_`, or `get_total_norm` and `clip_grads_with_norm_`, or
+    none for an empty list) changes between its versions."""
+
+    @_patch.wraps_original(original)
+    def clip(accelerator, parameters, *args, **kwargs):
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+
+        def run(params, *args, **kwargs):
+            return original(accelerator, params, *args, **kwargs)
+
+        return tracker.clipping(kind, params, "accelerate", run, args, kwargs)
+
+    return clip
 
 
 def _patch_contexts(tracker, cls) -> None:

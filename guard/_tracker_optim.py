@@ -121,26 +121,39 @@ class OptimizerPatches:
 
         @_patch.wraps_original(original)
         def clip(parameters, *args, **kwargs):
+            if tracker.flags.clip_open:  # inside a clip already announced (Accelerate's)
+                return original(parameters, *args, **kwargs)
             params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-            states = tracker.owners(params)
-            via = tracker.flags.clip_via
-            redirect: list[Callable] = []  # a check may put a replacement for torch's call here
-            tracker.emit(
-                Event.CLIP, kind=kind, parameters=params, states=states, via=via, redirect=redirect
-            )
-            result = redirect[0](*args, **kwargs) if redirect else original(params, *args, **kwargs)
-            tracker.emit(
-                Event.CLIP_DONE,
-                kind=kind,
-                parameters=params,
-                states=states,
-                via=via,
-                result=result,
-                limit=args[0] if args else kwargs.get("max_norm", kwargs.get("clip_value")),
-            )
-            return result
+            return tracker.clipping(kind, params, tracker.flags.clip_via, original, args, kwargs)
 
         return clip
+
+    def clipping(
+        self, kind: str, params: list, via: str, original: Callable, args: tuple, kwargs: dict
+    ) -> Any:
+        """Run one clip of `params` (`original(params, *args, **kwargs)`) between its CLIP and
+        CLIP_DONE events; clips it calls on the way (Accelerate's own torch calls, whichever
+        torch functions a version uses) are not announced again."""
+        states = self.owners(params)
+        redirect: list[Callable] = []  # a check may put a replacement for torch's call here
+        self.emit(
+            Event.CLIP, kind=kind, parameters=params, states=states, via=via, redirect=redirect
+        )
+        previous, self.flags.clip_open = self.flags.clip_open, True
+        try:
+            result = redirect[0](*args, **kwargs) if redirect else original(params, *args, **kwargs)
+        finally:
+            self.flags.clip_open = previous
+        self.emit(
+            Event.CLIP_DONE,
+            kind=kind,
+            parameters=params,
+            states=states,
+            via=via,
+            result=result,
+            limit=args[0] if args else kwargs.get("max_norm", kwargs.get("clip_value")),
+        )
+        return result
 
     def rebind_imported_clips(self, modules: list) -> None:
         """Point `from torch.nn.utils import clip_grad_norm_` names already bound in user

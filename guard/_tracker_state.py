@@ -125,4 +125,5 @@ class _Flags(threading.local):
         self.step_wrapper: Any = None
         self.sched_wrapper: Any = None
         self.clip_via = "torch"
+        self.clip_open = False  # a clip's events are out and it has not returned yet
         self.autocast_origin = "user"

@@ -29,7 +29,8 @@ _fsdp_models: weakref.WeakSet = weakref.WeakSet()
 
 def install(tracker) -> None:
     def before_clip(kind, parameters, states, via, redirect=None, **_) -> None:
-        _refuse_scaled(kind, states)
+        if via != "accelerate":  # Accelerate's clip unscales first, inside the call
+            _refuse_scaled(kind, states)
         if kind == "norm" and via == "torch" and _fsdp_models and redirect is not None:
             _redirect_fsdp(tracker, parameters, redirect)
 

@@ -100,12 +100,13 @@ def test_no_wrap_shards_only_the_root_and_reshards_as_accelerate_does(one_rank_g
 
 
 def test_mixed_precision_policy_is_used_when_it_matches_the_engine(one_rank_group):
-    got = mapped("bf16", mixed_precision_policy="bf16")  # Accelerate: bf16 params and reduce
-    assert got.mixed_precision_policy == MixedPrecisionPolicy(
-        param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16, output_dtype=torch.bfloat16
-    )
+    given = plugin(mixed_precision_policy="bf16")  # Accelerate builds the policy from the name
+    got = guard.Engine("bf16", fsdp_plugin=given).fsdp_plugin
+    assert got.mixed_precision_policy == given.mixed_precision_policy  # Accelerate's own policy
+    assert got.mixed_precision_policy.param_dtype == torch.bfloat16
+    assert got.mixed_precision_policy.reduce_dtype == torch.bfloat16
     model = _fsdp2.shard(Net(), got, "bf16")
-    assert model(torch.randn(3, 8)).dtype == torch.bfloat16  # the policy's output dtype
+    assert model(torch.randn(3, 8)).dtype == torch.bfloat16  # computed in the policy's dtype
     assert _fsdp2.mixed_precision_policy(mapped("bf16"), "bf16") == MixedPrecisionPolicy(
         param_dtype=torch.bfloat16,
         reduce_dtype=torch.float32,  # none given: the engine's
