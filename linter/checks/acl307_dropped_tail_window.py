@@ -62,8 +62,11 @@ def _report(ctx, window) -> None:
         count = f"the last `{left}` micro-batches of each epoch (at least one)"
     else:
         count = f"the last `{left}` micro-batches of each epoch (whenever that is not 0)"
+    discarded = windows.discarded_between_passes(ctx.model, window)
     if windows.single_pass(ctx.model, window):
         fate = "the loop is the only pass over the loader, so they are lost"
+    elif discarded is not None:
+        fate = f"`{code(discarded.call or discarded.node)}` in the epoch loop discards them"
     else:
         fate = "they leak into the next epoch's first window, and the last epoch's are lost"
     ctx.report(

@@ -443,6 +443,28 @@ def single_pass(model, window: WindowGate) -> bool:
     return bool(stmts) and stmts[0].loops().index(window.loop) == 0
 
 
+def discarded_between_passes(model, window: WindowGate) -> Site | None:
+    """A `zero_grad` in the loop around the gate's loop but outside it (at the start or the end
+    of each epoch): the tail's gradients never reach the next epoch, they are thrown away."""
+    stmts = _loop_stmts(window)
+    if window.loop is None or not stmts:
+        return None
+    loops = stmts[0].loops()
+    at = loops.index(window.loop)
+    if at == 0:
+        return None
+    outer = loops[at - 1]
+    for sites in model.sites.values():
+        for site in sites:
+            frames = site.stmt.frames
+            if site.kind != SiteKind.ZERO_GRAD or site.stmt.scope is not window.scope:
+                continue
+            inside = any(f.node is window.loop for f in frames)
+            if not inside and any(f.node is outer for f in frames):
+                return site
+    return None
+
+
 def ends_on_a_budget(model, window: WindowGate) -> bool:
     """The gate's loop has a `break` of its own on a budget that can come before the loader's
     end (`if iter_num > max_iters: break` with `max_iters = 600000`, a step-based run). Not one:

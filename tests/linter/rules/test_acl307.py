@@ -320,6 +320,20 @@ def test_message_of_a_single_pass_says_the_tail_is_lost(acl307, at):
     assert "the only pass over the loader, so they are lost" in _message(acl307, source)
 
 
+def test_message_of_a_zero_grad_in_the_epoch_loop_says_it_discards_the_tail(acl307, at):
+    """A zero_grad at the start (or the end) of each epoch throws the tail's gradients away:
+    they do not leak into the next epoch's first window."""
+    for start in (True, False):
+        lines = RAW.strip("\n").splitlines()
+        zero = "    opt.zero_grad()"
+        lines.insert(1, zero) if start else lines.append(zero)
+        source = "\n".join(lines) + "\n"
+        assert acl307.findings(source) == [("ACL307", *at(source, "(i + 1) % N"))]
+        message = _message(acl307, source)
+        assert "(`opt.zero_grad()` in the epoch loop discards them)" in message, start
+    assert "they leak into the next epoch's first window" in _message(acl307, RAW)
+
+
 ITERABLE = """
 import torch
 from torch.utils.data import DataLoader, IterableDataset
