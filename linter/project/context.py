@@ -31,6 +31,9 @@ MAX_PROJECT_FILES = 20_000  # files the importer index reads at most
 MAX_CALLERS = 4  # modules whose calls of the file's functions are followed
 MAX_CONTEXT_LINES = 1_500  # lines appended at most
 MAX_DEFINITION_LINES = 400  # a longer definition (a whole pipeline class) stays opaque
+# an argparse function is long and flat (one add_argument after another) and holds the
+# configuration's defaults: read whole up to this length
+MAX_PARSER_LINES = 1_200
 MAX_DEPTH = 2  # a definition's own helpers are followed once
 HEADER = "# ---- accel-lint: project context (other modules; never reported) ----"
 _SKIP_DIRS = {
@@ -664,8 +667,9 @@ class _Builder:
         if name in self.taken:
             return False
         lines = summary.text_of(found) if lines is None else lines
-        if len(lines) > MAX_DEFINITION_LINES:
-            self.context.notes.append(f"{why}: over {MAX_DEFINITION_LINES} lines, not read")
+        limit = MAX_PARSER_LINES if _builds_a_parser(found) else MAX_DEFINITION_LINES
+        if len(lines) > limit:
+            self.context.notes.append(f"{why}: over {limit} lines, not read")
             return False
         if self.lines + len(lines) > MAX_CONTEXT_LINES:
             self.context.notes.append(f"project context full: {why} was not read")
@@ -776,6 +780,15 @@ class _Builder:
 
 
 SHORT = 40  # lines
+
+
+def _builds_a_parser(found: Definition) -> bool:
+    """A function that adds command-line options and runs no loop (`parse_args()`)."""
+    return (
+        found.kind == "function"
+        and not found.has_loop
+        and any(call.endswith(".add_argument") for call in found.calls)
+    )
 
 
 def _called(found: Definition, callees: dict[str, str]) -> set[str]:

@@ -475,6 +475,21 @@ def test_argparse_default_of_another_module_decides_the_default_run(tree, at, ca
     assert alone.configuration is None  # alone, the default is out of sight
 
 
+def test_a_long_argparse_function_of_another_module_is_read(tree):
+    """A parser of hundreds of options (diffusers' and peft's `parse_args()` in
+    `utils/args_loader.py`) is longer than other definitions may be, and still read."""
+    options = [
+        f'    parser.add_argument("--option_{n}", type=int, default={n})' for n in range(450)
+    ]
+    long_parser = OPTIONS.replace(
+        '    parser.add_argument("--lr"', "\n".join(options) + '\n    parser.add_argument("--lr"'
+    )
+    tree.write({"train.py": TRAIN_ARGS, "options.py": long_parser.replace("{default}", "8")})
+    (found,) = tree.diagnostics("train.py", "ACL301")
+    assert found.configuration.condition == "with --grad_accum_steps > 1 (default 8)"
+    assert found.configuration.affects_default is True
+
+
 # what a loss function returns; how the collate function pads -----------------------------------
 LM_TRAIN = """
 import torch
