@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import libcst as cst
+
 from linter.context import RuleContext
-from linter.model import precision_runs
+from linter.model import grad_reach, precision_runs
+from linter.model.cst_util import code, keyword
 from linter.model.kinds import FrameKind, SiteKind
 from linter.model.precision import (
     BF16,
@@ -33,8 +36,25 @@ def check(ctx: RuleContext) -> None:
         if cast.by_engine:
             if precision == "no":
                 _report_noop(ctx, cast)
-        elif _conflicts(cast, precision):
+        elif _conflicts(cast, precision) and _may_conflict(ctx.model, cast, precision):
             _report_conflict(ctx, cast, precision)
+
+
+def _may_conflict(model, cast: Autocast, precision: str | None = None) -> bool:
+    """A CPU region changes only CPU ops, where a CUDA engine computes nothing and Accelerate
+    applies no fp16 (ACL602's): compared only with a bf16 engine pinned to the CPU. A region
+    whose values never reach a backward of its function (validation inside the epoch loop, a
+    frozen helper model's output cut to uint8) trains nothing."""
+    if cast.device == "cpu":
+        if precision == FP16 or not any(_on_cpu(e) for e in engines(model)):
+            return False
+    scope = region_scope(model, cast.region)
+    return grad_reach.feeds_a_backward(model, scope, cast.region.with_node) is not False
+
+
+def _on_cpu(engine) -> bool:
+    value = keyword(engine.node, "cpu") if isinstance(engine.node, cst.Call) else None
+    return value is not None and code(value) != "False"
 
 
 def _check_configured(ctx: RuleContext) -> None:
@@ -49,6 +69,8 @@ def _check_configured(ctx: RuleContext) -> None:
     count = len(built)
     for cast in autocasts(model):
         if cast.by_engine or cast.enabled is False or _inference_only(model, cast):
+            continue
+        if not _may_conflict(model, cast):
             continue
         exprs = [*precision_runs.engine_exprs(model, built), precision_runs.cast_expr(model, cast)]
 

@@ -43,24 +43,38 @@ def test_explicit_bf16_region_under_fp16_guard_engine(acl204, at):
     assert acl204.findings(source) == [("ACL204", *at(source, "torch.amp.autocast("))]
 
 
-def test_cpu_default_is_bf16_under_an_fp16_engine(acl204, at):
-    source = """
-    from accelerate import Accelerator
-    from torch import autocast
+CPU_REGION = """
+from accelerate import Accelerator
+from torch import autocast
 
-    def train_one_epoch(accelerator, model, dl, opt):
-        for x in dl:
-            out = model(x)
-            with autocast("cpu"):
-                aux = head(out)
-            accelerator.backward(aux.mean())
-            opt.step()
+def train_one_epoch(accelerator, model, dl, opt):
+    for x in dl:
+        out = model(x)
+        with autocast("cpu"):
+            aux = head(out)
+        accelerator.backward(aux.mean())
+        opt.step()
 
-    accelerator = Accelerator(mixed_precision="fp16")
-    model, opt, dl = accelerator.prepare(model, opt, dl)
-    train_one_epoch(accelerator, model, dl, opt)
-    """
-    assert acl204.findings(source) == [("ACL204", *at(source, 'autocast("cpu")'))]
+accelerator = Accelerator(mixed_precision="fp16")
+model, opt, dl = accelerator.prepare(model, opt, dl)
+train_one_epoch(accelerator, model, dl, opt)
+"""
+
+
+def test_a_cpu_region_is_not_compared_with_an_engine_on_the_gpu(acl204):
+    """A CPU autocast changes CPU ops only: beside an fp16 or bf16 engine on the GPU (or an
+    fp16 one on the CPU, which Accelerate runs in fp32: ACL602) no Half meets a BFloat16."""
+    assert acl204.findings(CPU_REGION) == []
+    on_cpu = CPU_REGION.replace('mixed_precision="fp16"', 'cpu=True, mixed_precision="fp16"')
+    assert acl204.findings(on_cpu) == []
+    written = CPU_REGION.replace('autocast("cpu")', 'autocast("cpu", dtype=torch.float16)')
+    assert acl204.findings(written.replace('"fp16"', '"bf16"')) == []
+
+
+def test_a_cpu_region_conflicts_with_a_bf16_engine_pinned_to_the_cpu(acl204, at):
+    source = CPU_REGION.replace('autocast("cpu")', 'autocast("cpu", dtype=torch.float16)')
+    source = source.replace('mixed_precision="fp16"', 'cpu=True, mixed_precision="bf16"')
+    assert acl204.findings(source) == [("ACL204", *at(source, 'autocast("cpu"'))]
 
 
 def test_aliased_autocast_in_a_trainer_class(acl204, at):
@@ -172,3 +186,77 @@ def test_user_amp_beside_an_fp32_engine_is_not_a_conflict(acl204):
     """Under "no" the user's own region is the only one (ACL106 judges its scaler)."""
     source = BF16_ENGINE.replace('"bf16"', '"no"')
     assert acl204.findings(source) == []
+
+
+VALIDATION_IN_THE_EPOCH_LOOP = """
+import torch
+from accelerate import Accelerator
+
+accelerator = Accelerator(mixed_precision="bf16")
+model, opt, dl = accelerator.prepare(model, opt, dl)
+for epoch in range(epochs):
+    for x, t in dl:
+        accelerator.backward(crit(model(x), t))
+        opt.step()
+        opt.zero_grad()
+    if accelerator.is_main_process:
+        images = []
+        with torch.autocast("cuda"):
+            images.append(pipeline(prompt).images[0])
+        log_images(images)
+"""
+
+
+def test_a_region_whose_values_reach_no_backward_trains_nothing(acl204):
+    """Validation images made every epoch inside the training loop: the next epoch's backward
+    follows the region, but none of its values reaches that backward's loss."""
+    assert acl204.findings(VALIDATION_IN_THE_EPOCH_LOOP) == []
+    configured = VALIDATION_IN_THE_EPOCH_LOOP.replace(
+        'Accelerator(mixed_precision="bf16")',
+        "Accelerator(mixed_precision=args.mixed_precision)",
+    ).replace(
+        "import torch\n",
+        "import argparse\nimport torch\n\np = argparse.ArgumentParser()\n"
+        'p.add_argument("--mixed_precision", default="no", choices=["no", "fp16", "bf16"])\n'
+        "args = p.parse_args()\n",
+    )
+    assert acl204.findings(configured) == []
+
+
+def test_a_frozen_helper_whose_output_is_cut_to_uint8_trains_nothing(acl204):
+    source = """
+    import torch
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(mixed_precision="bf16")
+    net, opt, dl = accelerator.prepare(net, opt, dl)
+    for x in dl:
+        with torch.autocast("cuda"):
+            depth = depth_model(x)
+        cond = (depth * 255.0).to(torch.uint8).float() / 255.0
+        accelerator.backward(crit(net(x + cond)))
+        opt.step()
+    """
+    assert acl204.findings(source) == []
+    reaches = source.replace(".to(torch.uint8).float()", ".float()")
+    assert [code for code, *_ in acl204.findings(reaches)] == ["ACL204"]
+
+
+def test_a_value_that_reaches_the_loss_through_other_names_is_flagged(acl204, at):
+    source = """
+    import torch
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(mixed_precision="bf16")
+    model, opt, dl = accelerator.prepare(model, opt, dl)
+    for epoch in range(epochs):
+        for x, t in dl:
+            logits = model(x)
+            terms = []
+            with torch.autocast("cuda"):
+                terms.append(kl_term(logits, teacher(x)))
+            total = crit(logits, t) + sum(terms)
+            accelerator.backward(total)
+            opt.step()
+    """
+    assert acl204.findings(source) == [("ACL204", *at(source, "torch.autocast("))]
