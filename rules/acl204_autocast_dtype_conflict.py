@@ -20,8 +20,12 @@ the reverse; and `accelerator.autocast()` in a module whose engines are pinned t
 taken from a variable, and a precision read from a config file or the CLI are left alone, except
 where the flag's `choices=` name the precisions: then each choice is judged, and a training region
 that disagrees with one is reported with it (`with --mixed_precision bf16 (default no)`); a
-region no backward follows (validation, the inference after training) is not. A region around
-the prepared model is reported by ACL201 too, whose fix adopts the engine's dtype.
+region no backward follows (validation, the inference after training) is not. Never compared:
+a region none of whose values reach a backward of its function (validation images made inside
+the epoch loop, a frozen helper's output cut by `.detach()`, `.item()` or a cast to `uint8`),
+and a CPU region beside an engine on the GPU (it changes CPU ops only; a bf16 engine pinned to
+the CPU with `cpu=True` is compared). A region around the prepared model is reported by ACL201
+too, whose fix adopts the engine's dtype.
 
 ## Why is this bad?
 With an engine in bf16, a bare `torch.autocast("cuda")` runs its region in fp16 with no scaler, so
