@@ -14,7 +14,11 @@ RULE = Rule(
 ## What it does
 Flags `loss.backward()` (and `torch.autograd.backward(loss)`) in a training loop whose backward
 belongs to an Accelerator / guard engine, or to an enabled `GradScaler` that the same loop steps
-(itself, or through a function of the module such as `def step(): scaler.step(opt)`).
+(itself, or through a function of the module such as `def step(): scaler.step(opt)`). Where the
+engine's precision is pinned to something other than fp16 and no accumulation is configured (or
+the loss is divided by K by hand), the raw backward computes what the engine's would except under
+a DeepSpeed or Megatron-LM launch, whose engine runs the backward: that finding is latent (a
+warning that says so).
 
 ## Why is this bad?
 `accelerator.backward(loss)` divides the loss by the accumulation steps K and, in fp16, scales it.

@@ -10,7 +10,7 @@ from linter.model.config_space import k_configuration
 from linter.model.cst_util import code, dotted, int_value, strip_parens
 from linter.model.kinds import FrameKind, ScalerRole, SiteKind
 from linter.model.loops import same_path
-from linter.types import Edit, Position
+from linter.types import Configuration, Edit, Position
 
 
 def check(ctx: RuleContext) -> None:
@@ -131,13 +131,24 @@ def _report_engine(ctx, site) -> None:
         edit = ctx.replace(site.call, f"{engine}.backward({code(loss)}{rest})")
         edits = [edit, *_named_division_edits(ctx, site, engine, loss)]
         fix = make_fix(f"Use `{engine}.backward(...)`", *edits)
-    facts = _what_is_bypassed(model, site, name)
+    facts, launch_only = _what_is_bypassed(model, site, name)
     ctx.report(
         site.call,
         f"raw backward bypasses `{name}.backward(loss)`: {facts}",
         fix,
-        configuration=_k_configuration(model, name, site),
+        configuration=_LAUNCHED_WITH_AN_ENGINE
+        if launch_only
+        else _k_configuration(model, name, site),
     )
+
+
+# The precision is pinned and K's division is not missed: only a launch config that makes the
+# Accelerator a DeepSpeed (or Megatron-LM) one, whose engine must run the backward, is hurt.
+_LAUNCHED_WITH_AN_ENGINE = Configuration(
+    affects_default=False,
+    condition="when launched with a DeepSpeed or Megatron-LM config (`accelerate launch`)",
+    knobs=("distributed_type",),
+)
 
 
 def _k_configuration(model, name: str, site):
@@ -148,8 +159,9 @@ def _k_configuration(model, name: str, site):
     return k_configuration(model, engine.accum)
 
 
-def _what_is_bypassed(model, site, name: str) -> str:
-    """What skipping the engine's backward costs in this file, from its K and precision."""
+def _what_is_bypassed(model, site, name: str) -> tuple[str, bool]:
+    """What skipping the engine's backward costs in this file, from its K and precision, and
+    whether only a DeepSpeed or Megatron-LM launch is hurt."""
     engine = model.engine_for(name, site.stmt.scope)
     k = engine.accum if engine is not None else None
     precision = engine.mixed_precision if engine is not None else None
@@ -171,15 +183,17 @@ def _what_is_bypassed(model, site, name: str) -> str:
         facts.append("the fp16 loss is never scaled")
     elif precision in (None, "unknown"):
         facts.append("under fp16 the loss would not be scaled")
+    label = "fp32" if precision == "no" else precision
     if len(facts) == 1 and "by hand" in facts[0]:
-        label = "fp32" if precision == "no" else precision
-        facts[0] += f" (right in {label}, but DeepSpeed/FSDP backward handling is skipped)"
+        facts[0] += f" (right in {label}, but a DeepSpeed engine's backward is skipped)"
+        return facts[0], True
     if not facts:
-        facts.append(
-            f"no accumulation or fp16 is configured ({'fp32' if precision == 'no' else precision}),"
-            " but DeepSpeed/FSDP backward handling is skipped"
+        return (
+            f"no accumulation or fp16 is configured ({label}), but a DeepSpeed engine's "
+            "backward is skipped",
+            True,
         )
-    return "; ".join(facts)
+    return "; ".join(facts), False
 
 
 def _named_division_edits(ctx, site, engine: str, loss) -> list:

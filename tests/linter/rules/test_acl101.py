@@ -41,6 +41,30 @@ def test_message_states_the_files_k_and_precision(acl101):
     assert diagnostic.message.endswith("under fp16 the loss would not be scaled")
 
 
+def test_a_pinned_precision_without_accumulation_is_hurt_only_by_a_launch_config(acl101, at):
+    """fp8/bf16/fp32 pinned and no K (or K divided by hand): `accelerator.backward` is
+    `loss.backward()` there, except under a DeepSpeed or Megatron-LM launch: a latent warning."""
+    for precision in ("fp8", "bf16", "no"):
+        source = ACCELERATE.replace(
+            'mixed_precision="fp16", gradient_accumulation_steps=4',
+            f'mixed_precision="{precision}"',
+        )
+        (diagnostic,) = acl101.diagnostics(source)
+        assert (diagnostic.start.line, diagnostic.start.column) == at(source, "loss.backward()")
+        assert diagnostic.severity == "warning"
+        assert diagnostic.configuration.affects_default is False
+        assert "DeepSpeed" in diagnostic.configuration.condition
+        assert diagnostic.message.endswith("but a DeepSpeed engine's backward is skipped")
+    divided = ACCELERATE.replace('mixed_precision="fp16"', 'mixed_precision="bf16"').replace(
+        "loss.backward()", "(loss / 4).backward()"
+    )
+    (diagnostic,) = acl101.diagnostics(divided)
+    assert diagnostic.severity == "warning" and diagnostic.configuration.latent
+    (diagnostic,) = acl101.diagnostics(ACCELERATE)  # fp16 and K = 4: the default run is hurt
+    assert diagnostic.severity is None  # the rule's own: an error
+    assert diagnostic.configuration is None
+
+
 def test_wrapper_built_from_the_prepared_model(acl101, at):
     # med-seg-diff style: the diffusion wrapper runs the prepared model in its forward
     source = """
