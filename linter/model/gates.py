@@ -76,6 +76,8 @@ class Gates:
         gates = [g for s in steps if (g := step_gate(loop, s)) is not None]
         if steps and not gates:
             return None
+        if _both_arms_step(gates, steps):
+            return None
         if gates:
             zeroes = [z for z in loop.of_kind(SiteKind.ZERO_GRAD) if same_path(z.stmt, stmt)]
             step = _consuming_step(steps, zeroes, stmt)
@@ -253,6 +255,20 @@ class Gates:
         steps = {b for s in loop.steps if same_path(s.stmt, stmt) for b in branches(s.stmt.frames)}
         backwards = {b for s in loop.backwards for b in branches(s.stmt.frames)}
         return steps - backwards
+
+
+def _both_arms_step(gates: list[Gate], steps: list[Site]) -> bool:
+    """Steps under both arms of a gate's condition (`if step % 2 == 0: opts[1].step() else:
+    for opt in opts: opt.step()`): every iteration steps, so the condition chooses which
+    optimizers step, it makes no window of the loss (an optimizer stepped in one arm only sums
+    its gradients over the other arm's iterations, on purpose or not, but dividing the loss
+    would shrink every update of the others)."""
+    return any(
+        f.node is gate.node and f.kind == FrameKind.IF and f.holds != gate.holds
+        for gate in gates
+        for step in steps
+        for f in step.stmt.frames
+    )
 
 
 def short_name(node: cst.BaseExpression) -> str:

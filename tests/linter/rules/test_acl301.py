@@ -990,6 +990,32 @@ def test_delayed_policy_update_is_not_accumulation(acl301):
     assert acl301.findings(TD3) == []
 
 
+ARMS = """
+import torch
+import torch.nn.functional as F
+
+optimizers = [torch.optim.Adam(head.parameters()), torch.optim.SGD(body.parameters(), lr=0.1)]
+for step in range(steps):
+    F.mse_loss(model(x), y).backward()
+    if step % 2 == 0:
+        optimizers[1].step()
+        optimizers[1].zero_grad(set_to_none=True)
+    else:
+        for opt in optimizers:
+            opt.step()
+        model.zero_grad(set_to_none=True)
+"""
+
+
+def test_a_condition_whose_both_arms_step_makes_no_window(acl301, at):
+    """modded-nanogpt: one optimizer steps every iteration, the other every second one; the
+    condition picks the optimizers, and dividing the loss by 2 would halve every update of the
+    first. With no step in the other arm it is a window again."""
+    assert acl301.findings(ARMS) == []
+    one_arm = ARMS[: ARMS.index("    else:")]
+    assert acl301.findings(one_arm) == [("ACL301", *at(one_arm, "F.mse_loss(model(x), y)"))]
+
+
 def test_critic_accumulated_under_the_delay_gate_is_flagged(acl301, at):
     # the critic's step moved under the gate: its window now sums policy_frequency losses
     critic_step = "        q_optimizer.step()\n        q_optimizer.zero_grad()\n"
