@@ -28,9 +28,10 @@ def _message(ctx, logged) -> str:
     name = f"`{logged.name}`"
     k = f"`{code(logged.k)}`" if logged.k is not None else "K"
     if logged.kind == DIVIDED:
+        by = f"K = {k}" if logged.k is not None else "the accumulation value K"
         return (
-            f"{name} is logged after line {ctx.line_of(logged.binding.node)} divided it by K = "
-            f"{k} for the backward: the logged value is K times smaller than the loss, so runs "
+            f"{name} is logged after line {ctx.line_of(logged.binding.node)} divided it by {by} "
+            "for the backward: the logged value is K times smaller than the loss, so runs "
             f"with accumulation look better than runs without. Log the undivided loss (or "
             f"multiply it back by {k}), summed over the window and logged once per optimizer step"
         )

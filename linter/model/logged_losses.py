@@ -138,6 +138,8 @@ def _of_backward(model: Model, loop: TrainingLoop, site: Site) -> list[LoggedLos
             return []
         kind = EVERY_MICRO_STEP
     k = gate.k if gate is not None and gate.k is not None else (ks[0] if ks else None)
+    if k is None and kind == DIVIDED:  # no gate or engine K in sight: the division's own K
+        k = _divisor(site.stmt.scope.defs_before(name, site.stmt.order)[-1])
     after = binding if binding is not None else site.stmt
     if kind == EVERY_MICRO_STEP:
         after = _loss_binding(site, name) or after

@@ -423,3 +423,26 @@ def test_the_divided_loss_read_inside_a_comprehension_is_still_logged(acl504, at
     assert acl504.findings(source) == [("ACL504", *at(source, "print("))]
     source = manual("print([loss for loss in [loss.item()]])")  # its first iterable: outside
     assert acl504.findings(source) == [("ACL504", *at(source, "print("))]
+
+
+def test_the_message_names_the_divisor_when_no_gate_or_engine_k_is_in_sight(acl504, at):
+    """A DeepSpeed engine steps itself (`model.step()` is no optimizer the linter gates on):
+    the K the message names is the loss's own divisor, not a bare `K`."""
+    source = """
+    import deepspeed
+    import torch
+
+    def main(args, net, dl):
+        model, optimizer, _, _ = deepspeed.initialize(args=args, model=net)
+        args.gradient_accumulation_steps = model.gradient_accumulation_steps()
+        ema = 0.0
+        for step, (x, y) in enumerate(dl):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss = loss / args.gradient_accumulation_steps
+            ema = 0.9 * ema + 0.1 * loss.item()
+            model.backward(loss)
+            model.step()
+    """
+    assert acl504.findings(source) == [("ACL504", *at(source, "loss.item()"))]
+    message = acl504.diagnostics(source)[0].message
+    assert "divided it by K = `args.gradient_accumulation_steps` for the backward" in message
