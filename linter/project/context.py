@@ -615,8 +615,32 @@ class _Builder:
                 new = f"_accel_lint_caller_{len(self.chunks)}"
                 called = ", ".join(sorted(set(callees.values()) & _called(found, callees)))
                 why = f"`{found.name}` in {self.project.shown(other)} calls `{called}`"
-                self._add(summary, found, new, why, found.name, lines=lines, caller=True)
+                if self._add(summary, found, new, why, found.name, lines=lines, caller=True):
+                    self._main_block(summary, found.name, new)
                 self._dependencies(summary, other, "\n".join(lines))
+
+    def _main_block(self, summary: ModuleSummary, caller: str, new: str) -> None:
+        """The caller module's `if __name__ == "__main__":` block that calls it (`args =
+        get_args_parser().parse_args(); main(args)`) and the parser it builds: where the
+        configuration that the file's loop reads (`args.accum_iter`) comes from."""
+        block = _main_block_of(summary.lines)
+        call = re.compile(rf"(?<![\w.]){re.escape(caller)}(?=\s*\()")
+        if block is None or not any(call.search(line) for line in block[1]):
+            return
+        first, lines = block
+        if self.lines + len(lines) > MAX_CONTEXT_LINES:
+            self.context.notes.append("project context full: a `__main__` block was not read")
+            return
+        lines = [call.sub(new, line) for line in lines]
+        self.chunks.append((lines, summary.path, first, "", True, False))
+        self.lines += len(lines) + 1
+        text = "\n".join(lines)
+        shown = self.project.shown(summary.path)
+        for name in sorted(set(_CALLED.findall(text))):
+            helper = summary.definition(name)
+            if helper is not None and helper.relevant and name != caller:
+                self._add(summary, helper, name, f"`{name}` called where {shown} starts")
+        self._dependencies(summary, summary.path, text)
 
     def _callees_in(self, summary: ModuleSummary, other: str, wanted: set[str]) -> dict:
         """How `other` writes calls of the file's functions: callee text -> own name."""
@@ -780,6 +804,24 @@ class _Builder:
 
 
 SHORT = 40  # lines
+
+
+_MAIN_TEST = re.compile(r"""if\s+__name__\s*==\s*["']__main__["']\s*:""")
+MAX_MAIN_BLOCK_LINES = 60
+
+
+def _main_block_of(lines: tuple[str, ...]) -> tuple[int, list[str]] | None:
+    """(first line, lines) of a module's top-level `if __name__ == "__main__":` block."""
+    for at, line in enumerate(lines):
+        if not line.startswith("if") or not _MAIN_TEST.match(line):
+            continue
+        end = at + 1
+        while end < len(lines) and (not lines[end].strip() or lines[end][:1] in " \t#"):
+            end += 1
+        if end - at > MAX_MAIN_BLOCK_LINES:
+            return None
+        return at + 1, list(lines[at:end])
+    return None
 
 
 def _builds_a_parser(found: Definition) -> bool:

@@ -69,6 +69,37 @@ def test_ddp_wrap_in_main_reaches_the_engine_loop(tree, at):
     assert tree.findings("engine.py", "ACL401", alone=True) == []
 
 
+STARTED = """
+
+def get_args_parser():
+    parser = argparse.ArgumentParser("fine-tuning", add_help=False)
+    parser.add_argument("--update_freq", default={default}, type=int)
+    return parser
+
+
+if __name__ == "__main__":
+    args = get_args_parser()
+    args = args.parse_args()
+    main(args)
+"""
+
+
+def test_the_default_k_comes_from_the_main_that_starts_the_engine(tree, at):
+    """MAE, DeiT, ConvNeXt: `main_finetune.py` parses the options in its `__main__` block and
+    hands `args.update_freq` to the engine's loop; with the default 1 the wasted all-reduces of
+    the engine's ACL401 are latent, with 4 the default run has them."""
+    for default, affected in ((1, False), (4, True)):
+        started = MAIN + STARTED.replace("{default}", str(default))
+        tree.write({"engine.py": ENGINE, "main_finetune.py": started})
+        (found,) = tree.diagnostics("engine.py", "ACL401")
+        assert (found.start.line, found.start.column) == at(
+            tree.text("engine.py"), "model(samples)"
+        )
+        assert found.configuration.condition == f"with --update_freq > 1 (default {default})"
+        assert found.configuration.affects_default is affected
+        assert tree.findings("main_finetune.py", "ACL401") == []
+
+
 def test_the_main_does_not_repeat_the_engines_finding(tree, at):
     """main_finetune.py reads train_one_epoch (a loop of its own): the engine's run reports it."""
     tree.write({"engine.py": ENGINE, "main_finetune.py": MAIN})
