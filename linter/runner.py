@@ -190,7 +190,6 @@ def _execute(jobs: list[Job]) -> list[FileResult]:
     if len(jobs) <= POOL_THRESHOLD:
         return [lint_job(job) for job in jobs]
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
 
     from linter.analysis import load
 
@@ -207,10 +206,29 @@ def _execute(jobs: list[Job]) -> list[FileResult]:
     # when the last worker does, so the big files must not share a chunk or come last.
     order = sorted(range(len(jobs)), key=lambda i: len(jobs[i].data), reverse=True)
     results: list[FileResult | None] = [None] * len(jobs)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        for index, result in zip(order, pool.map(lint_job, [jobs[i] for i in order]), strict=True):
+    pool = context.Pool(workers, initializer=_leave_interrupts_to_the_parent)
+    try:
+        done = pool.imap(lint_job, [jobs[i] for i in order])
+        for index, result in zip(order, done, strict=True):
             results[index] = result
+    except BaseException:
+        # Ctrl-C: the workers ignore it, so none dies holding the pool's queue (which hung
+        # the run); terminated, each finishes the file it is writing (`source._signals_held`)
+        pool.terminate()
+        raise
+    else:
+        pool.close()
+    finally:
+        pool.join()
     return results
+
+
+def _leave_interrupts_to_the_parent() -> None:
+    """A pool worker's start: a terminal's Ctrl-C reaches the whole process group, and the
+    parent alone stops the run."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def lint_job(job: Job) -> FileResult:
