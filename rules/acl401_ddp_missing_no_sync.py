@@ -37,6 +37,12 @@ whose strategy decides whether the flag is read in the forward (DDP) or the back
 forward through `m.module(...)` is ACL405's finding, not this one. Not flagged:
 `accelerator.accumulate()`, `sync_each_batch=True`, FSDP1, DeepSpeed, apex and fairscale wrappers.
 
+A model returned by `accelerator.prepare(...)` is DDP whenever the script is launched on several
+processes: in a loop that gates the optimizer on K itself, with neither `accumulate()` nor
+`accelerator.no_sync(model)` around the other micro-steps' forward, it is reported as a latent
+warning ("under a multi-process launch", with K's own condition when K comes from a flag), without
+a fix.
+
 FSDP2: a model handed to `fully_shard(...)` (from `torch.distributed.fsdp` or
 `torch.distributed._composable.fsdp`, any import spelling; as a statement or `m = fully_shard(m)`,
 outside a loop) whose forward runs in such a manual accumulation loop that never mentions

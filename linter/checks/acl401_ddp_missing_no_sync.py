@@ -11,6 +11,7 @@ from linter.model import fsdp2_models as fsdp2
 from linter.model.config_space import gate_configuration
 from linter.model.cst_util import code, dotted, int_value, walk
 from linter.model.kinds import GateKind, RegionKind
+from linter.types import Configuration
 
 
 def check(ctx: RuleContext) -> None:
@@ -122,6 +123,7 @@ def _missing_no_sync(ctx, loop, gate) -> None:
     model = ctx.model
     found = dist.ddp_models_in(model, loop)
     if not found:
+        _prepared_without_sync(ctx, loop, gate)
         return
     held, forward = found[0]
     note = None
@@ -139,6 +141,47 @@ def _missing_no_sync(ctx, loop, gate) -> None:
         fix,
         notes=(note,) if note else (),
         configuration=gate_configuration(ctx.model, gate, loop.scope),
+    )
+
+
+# Accelerate's prepared model is DDP only when the script is launched on several processes.
+_MULTI_PROCESS = Configuration(
+    affects_default=False,
+    condition="under a multi-process launch (`accelerate launch`, `torchrun`), where the "
+    "prepared model is DDP",
+    knobs=("num_processes",),
+)
+
+
+def _prepared_without_sync(ctx, loop, gate) -> None:
+    """A prepared model in a loop that gates the optimizer on K itself, with neither
+    `accumulate()` nor `accelerator.no_sync(model)`: a warning, real under several processes."""
+    found = dist.prepared_models_in(ctx.model, loop)
+    if not found:
+        return
+    name, prepare, forward = found[0]
+    engine = ctx.model.engine_in_scope(loop.scope) or "accelerator"
+    k = code(gate.k) if int_value(gate.k) is not None else f"`{code(gate.k)}`"
+    ctx.report(
+        forward.call,
+        f"`{name}` (prepared at line {ctx.line_of(prepare)}) is DDP under a multi-process "
+        f"launch and then all-reduces its gradients on every micro-step, but the optimizer "
+        f"steps only every {k} micro-steps: run the other micro-steps' forward and backward "
+        f"under `{engine}.no_sync({name})`, or use `{engine}.accumulate({name})` with "
+        "`gradient_accumulation_steps`",
+        severity="warning",
+        configuration=_under_several_processes(gate_configuration(ctx.model, gate, loop.scope)),
+    )
+
+
+def _under_several_processes(k: Configuration | None) -> Configuration:
+    """The multi-process launch, and K's own condition when K comes from a knob."""
+    if k is None:
+        return _MULTI_PROCESS
+    return Configuration(
+        affects_default=False,
+        condition=f"{k.condition} and {_MULTI_PROCESS.condition}",
+        knobs=(*k.knobs, *_MULTI_PROCESS.knobs),
     )
 
 

@@ -216,6 +216,29 @@ def module_calls(model: Model, held: DDPModel, calls: list[CallSite]) -> list[Ca
     return found
 
 
+_NOT_A_MODEL = re.compile(r"loader|(^|_)dl$|data|sched|opt", re.I)
+
+
+def prepared_models_in(model: Model, loop: TrainingLoop) -> list[tuple[str, cst.CSTNode, CallSite]]:
+    """Models returned by `accelerator.prepare(...)` (DDP whenever the script is launched on
+    several processes) whose forward the loop runs with gradients on every micro-step: (the
+    prepared name, its prepare call, the first such forward call)."""
+    calls = [
+        c
+        for c in loop_calls(model, loop)
+        if not _grad_free(model, c.stmt) and not model.on_update_step(loop, c.stmt)
+    ]
+    found = []
+    for name, prepared in model.setup.prepared.items():
+        words = (last_part(name), last_part(prepared.original))
+        if any(_NOT_A_MODEL.search(w) for w in words) or model.is_optimizer(name):
+            continue
+        forwards = forward_calls(model, calls, name)
+        if forwards:
+            found.append((name, prepared.node, forwards[0]))
+    return found
+
+
 def loop_calls(model: Model, loop: TrainingLoop) -> list[CallSite]:
     """The calls in a training loop's own body (its function's statements inside it)."""
     return [c for c in loop.scope.calls if inside(c.stmt, loop.node)]

@@ -22,6 +22,7 @@ from linter.model.ddp_models import (
     inside,
     loop_calls,
     module_calls,
+    prepared_models_in,
     wrapped_on_every_path,
 )
 from linter.model.ddp_sync import (
@@ -50,6 +51,7 @@ __all__ = [
     "ddp_held_by",
     "ddp_models",
     "ddp_models_in",
+    "prepared_models_in",
     "describe",
     "epoch_loops",
     "forward_calls",

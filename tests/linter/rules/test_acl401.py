@@ -1197,3 +1197,59 @@ def test_another_engines_own_switch_around_the_backward_is_not_too_late(acl401, 
             optimizer.zero_grad()
     """
     assert acl401.findings(ddp) == [("ACL401", *at(ddp, "ctx:"))]
+
+
+PREPARED = """
+import torch
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+model, opt, dl = accelerator.prepare(model, opt, dl)
+for step, (x, y) in enumerate(dl):
+    loss = crit(model(x), y) / K
+    accelerator.backward(loss)
+    if (step + 1) % K == 0 or step + 1 == len(dl):
+        opt.step()
+        opt.zero_grad()
+"""
+
+
+def test_a_prepared_model_under_a_manual_gate_is_a_latent_warning(acl401, at):
+    """Catalogue: a prepared model is DDP under a multi-process launch; a loop that gates the
+    step on K itself, with neither accumulate() nor no_sync(), all-reduces every micro-step."""
+    (found,) = acl401.diagnostics(PREPARED)
+    assert (found.code, found.start.line, found.start.column) == (
+        "ACL401",
+        *at(PREPARED, "model(x)"),
+    )
+    assert found.severity == "warning" and found.fix is None
+    assert found.configuration.affects_default is False
+    assert "multi-process launch" in found.configuration.condition
+    assert "`accelerator.no_sync(model)`" in found.message
+
+
+def test_a_prepared_model_with_its_sync_handled_is_not_flagged(acl401):
+    no_sync = PREPARED.replace(
+        "    loss = crit(model(x), y) / K\n    accelerator.backward(loss)\n",
+        "    sync = (step + 1) % K == 0 or step + 1 == len(dl)\n"
+        "    with nullcontext() if sync else accelerator.no_sync(model):\n"
+        "        loss = crit(model(x), y) / K\n        accelerator.backward(loss)\n",
+    )
+    accumulated = PREPARED.replace(
+        "    loss = crit(model(x), y) / K\n    accelerator.backward(loss)\n"
+        "    if (step + 1) % K == 0 or step + 1 == len(dl):\n        opt.step()\n",
+        "    with accelerator.accumulate(model):\n"
+        "        loss = crit(model(x), y)\n"
+        "        accelerator.backward(loss)\n"
+        "        opt.step()\n",
+    )
+    each_batch = PREPARED.replace(
+        "Accelerator()",
+        "Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=K, "
+        "sync_each_batch=True))",
+    )
+    every_step = PREPARED.replace(
+        "    if (step + 1) % K == 0 or step + 1 == len(dl):\n", "    if True:\n"
+    )
+    for source in (no_sync, accumulated, each_batch, every_step):
+        assert acl401.findings(source) == [], source
