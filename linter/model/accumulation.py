@@ -237,8 +237,24 @@ def _equals_configured(model, node) -> bool:
 
 def engine_attribute(model, node: cst.CSTNode, scope: Scope | None = None) -> bool:
     """`accelerator.gradient_accumulation_steps` (or DeepSpeed's `engine.gradient_accumulation_
-    steps()`): the engine's own K, whatever it was configured to."""
+    steps()`): the engine's own K, whatever it was configured to; also a name whose last
+    binding in the function is that (`args.gradient_accumulation_steps =
+    model.gradient_accumulation_steps()` after `deepspeed.initialize`)."""
     node = strip_parens(node)
+    if _the_engines_own(model, node, scope):
+        return True
+    text = dotted(node)
+    defs = scope.defs.get(text, []) if text is not None and scope is not None else []
+    last = defs[-1] if defs else None
+    return (
+        last is not None
+        and last.op == "="
+        and last.value is not None
+        and _the_engines_own(model, strip_parens(last.value), scope)
+    )
+
+
+def _the_engines_own(model, node: cst.CSTNode, scope: Scope | None) -> bool:
     if isinstance(node, cst.Call) and not node.args:
         node = node.func
     if not isinstance(node, cst.Attribute) or node.attr.value != _ENGINE_ATTR:

@@ -261,6 +261,30 @@ def test_deepspeed_config_out_of_sight(acl302):
     assert acl302.findings(source) == []
 
 
+def test_a_name_bound_to_the_engines_own_k_is_the_engines_k(acl302, at):
+    """DeepSpeedExamples' BingBertSquad: the config's K is copied from the engine into
+    `args.gradient_accumulation_steps`, then the loss is divided by it before the engine's
+    backward divides again; the fix drops the manual division."""
+    source = """
+    import deepspeed
+
+    model_engine, optimizer, _, _ = deepspeed.initialize(args=args, model=model)
+    args.gradient_accumulation_steps = model_engine.gradient_accumulation_steps()
+    for batch in dl:
+        loss = model_engine(batch).loss
+        loss = loss / args.gradient_accumulation_steps
+        model_engine.backward(loss)
+        model_engine.step()
+    """
+    assert acl302.findings(source) == [("ACL302", *at(source, "model_engine.backward(loss)"))]
+    assert "loss = loss / args" not in acl302.fixed(source)
+    rebound = source.replace(
+        "model_engine.gradient_accumulation_steps()\n",
+        "model_engine.gradient_accumulation_steps()\n    args.gradient_accumulation_steps = 1\n",
+    )
+    assert acl302.findings(rebound) == []  # the last binding is not the engine's
+
+
 def test_backward_calls_that_do_not_divide(acl302):
     source = """
     from lightning.fabric import Fabric
