@@ -9,7 +9,7 @@ from linter.context import RuleContext, make_fix
 from linter.model import distributed as dist
 from linter.model import fsdp2_models as fsdp2
 from linter.model.config_space import gate_configuration
-from linter.model.cst_util import code, dotted, int_value, walk
+from linter.model.cst_util import code, dotted, int_value, keyword, walk
 from linter.model.kinds import GateKind, RegionKind
 from linter.types import Configuration
 
@@ -157,7 +157,7 @@ def _prepared_without_sync(ctx, loop, gate) -> None:
     """A prepared model in a loop that gates the optimizer on K itself, with neither
     `accumulate()` nor `accelerator.no_sync(model)`: a warning, real under several processes."""
     found = dist.prepared_models_in(ctx.model, loop)
-    if not found:
+    if not found or _other_engine_plugin(ctx.model):
         return
     name, prepare, forward = found[0]
     engine = ctx.model.engine_in_scope(loop.scope) or "accelerator"
@@ -172,6 +172,22 @@ def _prepared_without_sync(ctx, loop, gate) -> None:
         severity="warning",
         configuration=_under_several_processes(gate_configuration(ctx.model, gate, loop.scope)),
     )
+
+
+_PLUGINS = ("deepspeed_plugin", "fsdp_plugin", "megatron_lm_plugin")
+
+
+def _other_engine_plugin(model) -> bool:
+    """An Accelerator built with a DeepSpeed, FSDP or Megatron-LM plugin: its prepared model
+    is no DDP (the catalogue leaves FSDP and DeepSpeed alone)."""
+    for engine in model.setup.engines.values():
+        call = engine.node
+        if isinstance(call, cst.Call) and any(
+            (value := keyword(call, name)) is not None and code(value) != "None"
+            for name in _PLUGINS
+        ):
+            return True
+    return False
 
 
 def _under_several_processes(k: Configuration | None) -> Configuration:

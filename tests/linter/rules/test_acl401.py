@@ -1251,5 +1251,7 @@ def test_a_prepared_model_with_its_sync_handled_is_not_flagged(acl401):
     every_step = PREPARED.replace(
         "    if (step + 1) % K == 0 or step + 1 == len(dl):\n", "    if True:\n"
     )
-    for source in (no_sync, accumulated, each_batch, every_step):
+    deepspeed = PREPARED.replace("Accelerator()", "Accelerator(deepspeed_plugin=DeepSpeedPlugin())")
+    fsdp = PREPARED.replace("Accelerator()", "Accelerator(fsdp_plugin=plugin)")
+    for source in (no_sync, accumulated, each_batch, every_step, deepspeed, fsdp):
         assert acl401.findings(source) == [], source
