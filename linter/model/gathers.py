@@ -97,17 +97,39 @@ def _metric_sink(model, context: EvalContext, stmt: Stmt, gather: cst.Call) -> s
     """Where the gathered value goes: a metric call or list in the same statement, or, through
     the names it is assigned to and those derived from them, a later sink of the context
     (`correct += (p == t).sum()`)."""
+    later = [s for s in context.stmts if s.order > stmt.order]
+    rest = [s for s in stmt.scope.stmts if s.order > stmt.order]  # after the loop too
     direct = _sink_in(stmt.node, lambda n: any(s is gather for s in walk(n)))
     if direct is not None:
+        collected = _collected_into(stmt.node, gather)
+        if collected is not None and _fitted_later(rest, _derived_names(rest, {collected})):
+            return None  # the list of gathered batches is cut to the dataset's length later
         return direct
     names = _assigned_names(stmt.node)
     if not names:
         return None
-    later = [s for s in context.stmts if s.order > stmt.order]
-    names = _derived_names(later, names)
-    if any(_truncates(s.node, names) for s in later):
+    if _fitted_later(rest, _derived_names(rest, names)):
         return None
-    return _names_reach_sink(later, names)
+    return _names_reach_sink(later, _derived_names(later, names))
+
+
+def _collected_into(node: cst.CSTNode, gather: cst.Call) -> str | None:
+    """`losses.append(accelerator.gather(...))`: the list the gathered batch is added to."""
+    for sub in walk(node):
+        pair = method_call(sub)
+        if pair is None or pair[1] not in ("append", "extend"):
+            continue
+        if any(g is gather for a in sub.args for g in walk(a.value)):
+            name = dotted(pair[0])
+            return name if name is not None and "." not in name else None
+    return None
+
+
+def _fitted_later(later: list[Stmt], names: set[str]) -> bool:
+    """The padded tail is dropped by hand, as `gather_for_metrics` does: sliced to a length
+    (`torch.cat(losses)[: len(eval_dataset)]`) or copied by a helper handed the dataset (the
+    question-answering scripts' `create_and_fill_np_array(start_logits, eval_dataset, n)`)."""
+    return any(_truncates(s.node, names) or _fitted_to_dataset(s.node, names) for s in later)
 
 
 def _derived_names(stmts: list[Stmt], names: set[str]) -> set[str]:
@@ -124,14 +146,51 @@ def _reads_any(node, names: set[str]) -> bool:
 
 
 def _truncates(node, names: set[str]) -> bool:
-    """`preds = preds[: len(dl.dataset) - seen]`: the padded tail is dropped by hand (what
-    `gather_for_metrics` does), so the gathered values are right."""
+    """`preds = preds[: len(dl.dataset) - seen]`, `losses = torch.cat(losses)[: len(ds)]`: the
+    padded tail is dropped by hand (what `gather_for_metrics` does), so the values are right."""
     if not isinstance(node, cst.Assign) or not isinstance(node.value, cst.Subscript):
         return False
-    sliced = dotted(node.value.value)
-    if sliced not in names or not any(isinstance(e.slice, cst.Slice) for e in node.value.slice):
+    slices = [e.slice for e in node.value.slice if isinstance(e.slice, cst.Slice)]
+    if not slices:
         return False
-    return sliced in _assigned_names(node)
+    sliced = dotted(node.value.value)
+    if sliced in names and sliced in _assigned_names(node):
+        return True
+    return _reads_any(node.value.value, names) and any(_a_length(s.upper) for s in slices)
+
+
+_LENGTH_NAME = re.compile(r"len|num_(samples|examples)|size", re.I)
+_DATASET_NAME = re.compile(r"data(set)?$|_set$|examples$|features$", re.I)
+
+
+def _a_length(node: cst.BaseExpression | None) -> bool:
+    """`len(eval_dataset)`, `num_samples`: an upper bound that counts samples."""
+    if node is None:
+        return False
+    for sub in walk(node):
+        if isinstance(sub, cst.Call) and dotted(sub.func) == "len":
+            return True
+        if isinstance(sub, cst.Name) and _LENGTH_NAME.search(sub.value):
+            return True
+    return False
+
+
+def _fitted_to_dataset(node: cst.CSTNode, names: set[str]) -> bool:
+    """A call, not a metric, handed the gathered values and a dataset (or its length)."""
+    for sub in walk(node):
+        if not isinstance(sub, cst.Call):
+            continue
+        pair = method_call(sub)
+        callee = pair[1] if pair is not None else last_part(dotted(sub.func))
+        if callee in _METRIC_SINKS or _METRIC_FUNCTION.search(callee or ""):
+            continue
+        values = [a.value for a in sub.args]
+        if not any(_reads_any(v, names) for v in values):
+            continue
+        others = [v for v in values if not _reads_any(v, names)]
+        if any(_a_length(v) or _DATASET_NAME.search(last_part(dotted(v) or "")) for v in others):
+            return True
+    return False
 
 
 def _names_reach_sink(stmts: list[Stmt], names: set[str]) -> str | None:

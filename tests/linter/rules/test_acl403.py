@@ -182,3 +182,56 @@ def test_per_process_summaries_averaged_on_the_spot_are_clean(acl403):
         meter.update(acc1.item(), x.size(0))
     """)
     assert acl403.findings(source) == []
+
+
+GATHERED_LOSSES = """
+import math
+import torch
+from accelerate import Accelerator
+
+def run(model, eval_set, eval_dl, bs):
+    accelerator = Accelerator()
+    model, eval_dl = accelerator.prepare(model, eval_dl)
+    model.eval()
+    losses = []
+    for batch in eval_dl:
+        with torch.no_grad():
+            loss = model(**batch).loss
+        losses.append(accelerator.gather(loss.repeat(bs)))
+    losses = torch.cat(losses)[: len(eval_set)]
+    return math.exp(torch.mean(losses))
+"""
+
+
+def test_gathered_batches_cut_to_the_dataset_length_after_the_loop(acl403, at):
+    """HF's run_clm_no_trainer: the list of gathered losses is cut to `len(eval_dataset)`
+    once the loop is over, which drops the padded repeats as gather_for_metrics would."""
+    assert acl403.findings(GATHERED_LOSSES) == []
+    uncut = GATHERED_LOSSES.replace("[: len(eval_set)]", "")
+    assert acl403.findings(uncut) == [("ACL403", *at(uncut, "accelerator.gather"))]
+
+
+def test_gathered_batches_copied_by_a_helper_handed_the_dataset(acl403, at):
+    """HF's run_qa_no_trainer: `create_and_fill_np_array(all_start_logits, eval_dataset, n)`
+    copies the gathered rows into an array of the dataset's length; a metric handed the
+    dataset's labels beside them is no such helper."""
+    source = """
+    import torch
+    from accelerate import Accelerator
+
+    def evaluate(model, eval_dataset, eval_dl, metric):
+        accelerator = Accelerator()
+        model, eval_dl = accelerator.prepare(model, eval_dl)
+        all_logits = []
+        for batch in eval_dl:
+            with torch.no_grad():
+                logits = model(**batch).start_logits
+            all_logits.append(accelerator.gather(logits).cpu().numpy())
+        preds = create_and_fill_np_array(all_logits, eval_dataset, 384)
+        return metric.compute(predictions=preds, references=eval_dataset["label"])
+    """
+    assert acl403.findings(source) == []
+    straight = source.replace(
+        "        preds = create_and_fill_np_array(all_logits, eval_dataset, 384)\n", ""
+    ).replace("predictions=preds", "predictions=all_logits")
+    assert acl403.findings(straight) == [("ACL403", *at(straight, "accelerator.gather"))]
