@@ -58,6 +58,8 @@ def _too_late_regions(ctx, loop, gate) -> bool:
         inside = [s for s in loop.backwards if _in_with(s.stmt, region.with_node)]
         if not inside or region.target is None or region.strategy_decides:
             continue
+        if _fsdp1_model(model, region.target, loop.scope):
+            continue  # FSDP reads the flag in its post-backward hook: the block is enough
         held = dist.ddp_held_by(model, region.target, loop.scope) or region.target
         calls = [c for c in model.calls_in_with(region.with_node)]
         if dist.forward_calls(model, calls, held) or dist.calls_handed(model, calls, held):
@@ -77,6 +79,18 @@ def _too_late_regions(ctx, loop, gate) -> bool:
             configuration=gate_configuration(model, gate, loop.scope),
         )
     return found
+
+
+def _fsdp1_model(model, target: str, scope) -> bool:
+    """`target` is bound to `FullyShardedDataParallel(...)` (FSDP1) in its function or module."""
+    defs = list(scope.defs.get(target, ())) or list(model.module_defs(target))
+    for d in defs:
+        value = d.value
+        if isinstance(value, cst.Call):
+            qual = model.imports.qualify(value.func) or ""
+            if qual.rsplit(".", 1)[-1] == "FullyShardedDataParallel":
+                return True
+    return False
 
 
 def _forward_bypasses_ddp(model, loop, held) -> bool:

@@ -1255,3 +1255,30 @@ def test_a_prepared_model_with_its_sync_handled_is_not_flagged(acl401):
     fsdp = PREPARED.replace("Accelerator()", "Accelerator(fsdp_plugin=plugin)")
     for source in (no_sync, accumulated, each_batch, every_step, deepspeed, fsdp):
         assert acl401.findings(source) == [], source
+
+
+def test_an_fsdp1_model_with_only_its_backward_under_no_sync_is_not_flagged(acl401, at):
+    """FSDP reads `no_sync()` in its post-backward hook (LLaMA2-Accessory's Large-DiT): the
+    block around the backward alone skips the reduce-scatter; DDP's forward flag needs more."""
+    source = """
+    import contextlib
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    def train(net, loader, n_mb):
+        model = FSDP(net)
+        opt = torch.optim.AdamW(model.parameters())
+        for x, y in loader:
+            for i in range(n_mb):
+                loss = crit(model(x[i]), y[i]) / n_mb
+                with model.no_sync() if i < n_mb - 1 else contextlib.nullcontext():
+                    loss.backward()
+            opt.step()
+            opt.zero_grad()
+    """
+    assert acl401.findings(source) == []
+    ddp = source.replace(
+        "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP",
+        "from torch.nn.parallel import DistributedDataParallel as DDP",
+    ).replace("FSDP(net)", "DDP(net)")
+    assert [code for code, *_ in acl401.findings(ddp)] == ["ACL401"]
