@@ -82,14 +82,27 @@ def _too_late_regions(ctx, loop, gate) -> bool:
 
 
 def _fsdp1_model(model, target: str, scope) -> bool:
-    """`target` is bound to `FullyShardedDataParallel(...)` (FSDP1) in its function or module."""
+    """`target` is bound to `FullyShardedDataParallel(...)` (FSDP1) in its function or module,
+    directly or by a module function that returns one (`model = setup_fsdp_sync(model)`)."""
     defs = list(scope.defs.get(target, ())) or list(model.module_defs(target))
-    for d in defs:
-        value = d.value
-        if isinstance(value, cst.Call):
-            qual = model.imports.qualify(value.func) or ""
-            if qual.rsplit(".", 1)[-1] == "FullyShardedDataParallel":
-                return True
+    return any(_builds_fsdp1(model, d.value, d.stmt.scope, 0) for d in defs)
+
+
+def _builds_fsdp1(model, value, scope, depth: int) -> bool:
+    if not isinstance(value, cst.Call) or depth > 2:
+        return False
+    qual = model.imports.qualify(value.func) or ""
+    if qual.rsplit(".", 1)[-1] == "FullyShardedDataParallel":
+        return True
+    helper = model.local_function(value.func, scope)
+    if helper is None:
+        return False
+    for returned, stmt in helper.returns:
+        text = dotted(returned)
+        bound = helper.defs_before(text, stmt.order + 1) if text is not None else []
+        values = [returned, *(d.value for d in bound)]
+        if any(_builds_fsdp1(model, v, helper, depth + 1) for v in values):
+            return True
     return False
 
 

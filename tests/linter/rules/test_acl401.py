@@ -1277,6 +1277,10 @@ def test_an_fsdp1_model_with_only_its_backward_under_no_sync_is_not_flagged(acl4
             opt.zero_grad()
     """
     assert acl401.findings(source) == []
+    helper = source.replace(
+        "    def train(", "    def wrap(net):\n        return FSDP(net)\n\n    def train("
+    )
+    assert acl401.findings(helper.replace("model = FSDP(net)", "model = wrap(net)")) == []
     ddp = source.replace(
         "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP",
         "from torch.nn.parallel import DistributedDataParallel as DDP",
