@@ -409,3 +409,38 @@ for weights in all_weights:
 """
     )
     assert acl502.findings(source) == []
+
+
+def test_a_model_from_from_pretrained_is_in_eval_mode_already(acl502, at):
+    """PixArt's validation embeddings: the text encoder comes from `from_pretrained()` (eval
+    mode) and is never trained, so only the missing no_grad is said (a warning)."""
+    source = """
+    import torch
+    from accelerate import Accelerator
+    from transformers import T5EncoderModel, T5Tokenizer
+
+    accelerator = Accelerator()
+
+    def prepare_vis(path):
+        validation_prompts = ["a dog", "a cat"]
+        tok = T5Tokenizer.from_pretrained(path)
+        text_encoder = T5EncoderModel.from_pretrained(path).to(accelerator.device)
+        if accelerator.is_main_process:
+            for prompt in validation_prompts:
+                ids = tok(prompt, return_tensors="pt").to(accelerator.device)
+                emb = text_encoder(ids.input_ids, attention_mask=ids.attention_mask)[0]
+                torch.save(emb, f"{prompt}.pt")
+
+    def train(model, opt, dl):
+        model, opt, dl = accelerator.prepare(model, opt, dl)
+        for batch in dl:
+            accelerator.backward(model(**batch).loss)
+            opt.step()
+            opt.zero_grad()
+    """
+    (found,) = acl502.diagnostics(source)
+    assert (found.start.line, found.start.column) == at(source, "text_encoder(ids")
+    assert found.severity is None and "training mode" not in found.message
+    trained = source.replace("    def train(", "    text_encoder.train()\n\n    def train(")
+    (found,) = acl502.diagnostics(trained.replace("text_encoder.train()", "enc.train()"))
+    assert found.severity is None  # another model's train() says nothing of this one
