@@ -33,6 +33,8 @@ def _drops_tail(model, window) -> bool:
         return False
     if windows.single_pass(model, window) and windows.ends_on_a_budget(model, window):
         return False
+    if windows.skips_partial_windows(model, window):
+        return False
     return not any(model.regions_around(s, RegionKind.ACCUMULATE) for s in _gate_stmts(window))
 
 
@@ -66,7 +68,10 @@ def _report(ctx, window) -> None:
     if windows.single_pass(ctx.model, window):
         fate = "the loop is the only pass over the loader, so they are lost"
     elif discarded is not None:
-        fate = f"`{code(discarded.call or discarded.node)}` in the epoch loop discards them"
+        where = "in the epoch loop"
+        if not discarded.stmt.loops():
+            where = "outside the loop, run once an epoch,"
+        fate = f"`{code(discarded.call or discarded.node)}` {where} discards them"
     else:
         fate = "they leak into the next epoch's first window, and the last epoch's are lost"
     ctx.report(

@@ -26,11 +26,13 @@ from linter.model.cst_util import (
 from linter.model.depths import FOLLOW_DEPTH
 from linter.model.functions import Def, Scope, Stmt
 from linter.model.kinds import FrameKind, GateKind, RegionKind, SiteKind
-from linter.model.loops import STEP_KINDS, Gate, Site, TrainingLoop, same_path
+from linter.model.loops import STEP_KINDS, Gate, Site, TrainingLoop, same_path, step_gate
 
 MANUAL_GATES = (GateKind.MODULO, GateKind.COUNTER, GateKind.MICRO_LOOP)
-# Wrappers that keep their iterable's length (`enumerate(tqdm(dl))`).
-_PROGRESS_WRAPPERS = ("tqdm", "track", "progress", "progressbar", "prefetch")
+# Wrappers that keep their iterable's length (`enumerate(tqdm(dl))`; DeiT's
+# `MetricLogger.log_every(dl, print_freq, header)`, copied by MAE, BEiT, ConvNeXt and VideoMAE,
+# yields each item of `dl`).
+_PROGRESS_WRAPPERS = ("tqdm", "track", "progress", "progressbar", "prefetch", "log_every")
 _EMA_METHODS = ("update", "update_parameters", "step")
 
 
@@ -93,14 +95,23 @@ def window_gates(model) -> list[tuple[TrainingLoop, WindowGate]]:
 def _build_window_gates(model) -> list[tuple[TrainingLoop, WindowGate]]:
     found, seen = [], set()
     for loop in model.loops:
-        gate = loop.gate
-        if gate is None or gate.kind != GateKind.MODULO or id(gate.node) in seen:
-            continue
-        seen.add(id(gate.node))
-        window = _window_gate(model, loop, gate)
-        if window is not None:
-            found.append((loop, window))
+        for gate in _candidate_gates(loop):
+            if gate.kind != GateKind.MODULO or id(gate.node) in seen:
+                continue
+            seen.add(id(gate.node))
+            window = _window_gate(model, loop, gate)
+            if window is not None:
+                found.append((loop, window))
+                break
     return found
+
+
+def _candidate_gates(loop: TrainingLoop) -> list[Gate]:
+    """The loop's gate, then its steps' own: where the first is a loss scaler's `if
+    update_grad:` (read at the call, its statements are not the loop's), the `if (i + 1) % K
+    == 0: optimizer.step()` of the loop's other branch still frames a window."""
+    gates = [loop.gate] if loop.gate is not None else []
+    return gates + [g for s in loop.steps if (g := step_gate(loop, s)) is not None]
 
 
 def _window_gate(model, loop: TrainingLoop, gate: Gate) -> WindowGate | None:
@@ -366,12 +377,15 @@ def tail_flushed_elsewhere(model, window: WindowGate) -> bool:
     """Another optimizer step outside this gate: in another branch of the loop, or after the
     loop in the same function (`if (i + 1) % K: opt.step()` once the epoch is over)."""
     node = window.gate.node
+    same_test = code(window.comparison)
     for sites in model.sites.values():
         for site in sites:
             if site.kind not in STEP_KINDS or site.stmt.scope is not window.scope:
                 continue
             if any(f.node is node for f in site.stmt.frames):
                 continue
+            if any(f.test is not None and code(f.test) == same_test for f in site.stmt.frames):
+                continue  # gated alike: the other arm's `if` or `update_grad=` of a scaler call
             in_loop = window.loop is not None and any(
                 f.node is window.loop for f in site.stmt.frames
             )
@@ -445,24 +459,75 @@ def single_pass(model, window: WindowGate) -> bool:
 
 def discarded_between_passes(model, window: WindowGate) -> Site | None:
     """A `zero_grad` in the loop around the gate's loop but outside it (at the start or the end
-    of each epoch): the tail's gradients never reach the next epoch, they are thrown away."""
+    of each epoch), or outside it in a function called once per epoch (`train_one_epoch()`
+    zeroes before its loop): the tail's gradients never reach the next epoch, they are thrown
+    away."""
     stmts = _loop_stmts(window)
     if window.loop is None or not stmts:
         return None
     loops = stmts[0].loops()
     at = loops.index(window.loop)
-    if at == 0:
+    per_epoch = at == 0 and model.graph.called_in_loop(window.scope)  # `train_one_epoch()`
+    if at == 0 and not per_epoch:
         return None
-    outer = loops[at - 1]
+    outer = loops[at - 1] if at > 0 else None
     for sites in model.sites.values():
         for site in sites:
             frames = site.stmt.frames
             if site.kind != SiteKind.ZERO_GRAD or site.stmt.scope is not window.scope:
                 continue
             inside = any(f.node is window.loop for f in frames)
-            if not inside and any(f.node is outer for f in frames):
+            if not inside and (per_epoch or any(f.node is outer for f in frames)):
                 return site
     return None
+
+
+def skips_partial_windows(model, window: WindowGate) -> bool:
+    """An early `continue`/`break` of the gate's loop, before its backward, on the count of full
+    windows (ConvNeXt's `step = data_iter_step // update_freq; if step >= steps_per_epoch:
+    continue`): the micro-batches past the last full window are never run, as with
+    `drop_last`."""
+    if window.index is None:
+        return False
+    backwards = [
+        site.stmt.order
+        for site in model.sites.get(id(window.scope), [])
+        if site.kind in (SiteKind.BACKWARD, SiteKind.ENGINE_BACKWARD)
+        and any(f.node is window.loop for f in site.stmt.frames)
+    ]
+    if not backwards:
+        return False
+    k = code(window.k)
+    counts = {
+        d.target
+        for defs in window.scope.defs.values()
+        for d in defs
+        if d.op == "=" and _floor_divides(d.value, window.index, k)
+    }
+    for s in _loop_stmts(window):
+        if not isinstance(s.node, (cst.Continue, cst.Break)) or s.loops()[-1] is not window.loop:
+            continue
+        if s.order > min(backwards):
+            continue  # the micro-batch it ends on was backpropagated already
+        for frame in s.frames_inside(window.loop):
+            test = frame.test if frame.kind in (FrameKind.IF, FrameKind.EXIT) else None
+            if test is None:
+                continue
+            names = {n.value for n in walk(test) if isinstance(n, cst.Name)}
+            if names & counts or _floor_divides(test, window.index, k):
+                return True
+    return False
+
+
+def _floor_divides(node, index: str, k: str) -> bool:
+    """`index // K` somewhere in `node`."""
+    return node is not None and any(
+        isinstance(n, cst.BinaryOperation)
+        and isinstance(n.operator, cst.FloorDivide)
+        and dotted(n.left) == index
+        and code(n.right) == k
+        for n in walk(node)
+    )
 
 
 def ends_on_a_budget(model, window: WindowGate) -> bool:

@@ -741,3 +741,74 @@ def test_a_counter_set_once_before_all_epochs(acl307):
                 optimizer.zero_grad()
     """
     assert acl307.findings(source) == []
+
+
+CONVNEXT = """
+import torch
+
+
+class NativeScaler:
+    def __init__(self):
+        self._scaler = torch.cuda.amp.GradScaler()
+
+    def __call__(self, loss, optimizer, parameters=None, update_grad=True):
+        self._scaler.scale(loss).backward()
+        if update_grad:
+            self._scaler.step(optimizer)
+            self._scaler.update()
+
+
+def train_one_epoch(model, criterion, data_loader, optimizer, loss_scaler, metric_logger, args):
+    update_freq = args.update_freq
+    optimizer.zero_grad()
+    for data_iter_step, (x, y) in enumerate(metric_logger.log_every(data_loader, 20, "train")):
+        loss = criterion(model(x), y)
+        if args.use_amp:
+            loss /= update_freq
+            loss_scaler(loss, optimizer, parameters=model.parameters(),
+                        update_grad=(data_iter_step + 1) % update_freq == 0)
+            if (data_iter_step + 1) % update_freq == 0:
+                optimizer.zero_grad()
+        else:
+            loss /= update_freq
+            loss.backward()
+            if (data_iter_step + 1) % update_freq == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+
+
+def main(args, model, criterion, data_loader, optimizer, metric_logger):
+    loss_scaler = NativeScaler()
+    for epoch in range(args.epochs):
+        train_one_epoch(model, criterion, data_loader, optimizer, loss_scaler, metric_logger, args)
+"""
+
+
+def test_the_deit_family_engine_drops_its_tail(acl307, at):
+    """ConvNeXt-V2/DeiT engines: `enumerate(metric_logger.log_every(data_loader, ...))` keeps
+    the loader's length; the loss scaler's `update_grad=` and the fp32 branch's `if` gate alike,
+    so neither flushes the other's tail; the zero_grad before the loop of the per-epoch function
+    throws the tail away."""
+    assert acl307.findings(CONVNEXT) == [("ACL307", *at(CONVNEXT, "(data_iter_step + 1) %", 2))]
+    message = _message(acl307, CONVNEXT)
+    assert "the last `len(data_loader) % update_freq` micro-batches" in message
+    assert "(`optimizer.zero_grad()` outside the loop, run once an epoch, discards them)" in message
+
+
+def test_micro_batches_past_the_last_full_window_skipped_on_purpose(acl307):
+    """ConvNeXt: `step = data_iter_step // update_freq; if step >= steps_per_epoch: continue`
+    runs only full windows (as `drop_last` does): no tail is computed, none is dropped."""
+    skipping = CONVNEXT.replace(
+        "        loss = criterion(model(x), y)\n",
+        "        step = data_iter_step // update_freq\n"
+        "        if step >= args.steps_per_epoch:\n"
+        "            continue\n"
+        "        loss = criterion(model(x), y)\n",
+        1,
+    )
+    assert acl307.findings(skipping) == []
+    inline = skipping.replace("        step = data_iter_step // update_freq\n", "").replace(
+        "if step >= args.steps_per_epoch",
+        "if data_iter_step // update_freq >= args.steps_per_epoch",
+    )
+    assert acl307.findings(inline) == []
