@@ -7,7 +7,7 @@ import libcst as cst
 
 from linter.context import RuleContext
 from linter.model import grad_reach, precision_runs
-from linter.model.cst_util import code, keyword
+from linter.model.cst_util import is_false, keyword
 from linter.model.kinds import FrameKind, SiteKind
 from linter.model.precision import (
     BF16,
@@ -54,7 +54,7 @@ def _may_conflict(model, cast: Autocast, precision: str | None = None) -> bool:
 
 def _on_cpu(engine) -> bool:
     value = keyword(engine.node, "cpu") if isinstance(engine.node, cst.Call) else None
-    return value is not None and code(value) != "False"
+    return value is not None and not is_false(value)
 
 
 def _check_configured(ctx: RuleContext) -> None:

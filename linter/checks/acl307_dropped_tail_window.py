@@ -64,10 +64,9 @@ def _report(ctx, window) -> None:
         count = f"the last `{left}` micro-batches of each epoch (at least one)"
     else:
         count = f"the last `{left}` micro-batches of each epoch (whenever that is not 0)"
-    discarded = windows.discarded_between_passes(ctx.model, window)
     if windows.single_pass(ctx.model, window):
         fate = "the loop is the only pass over the loader, so they are lost"
-    elif discarded is not None:
+    elif (discarded := windows.discarded_between_passes(ctx.model, window)) is not None:
         where = "in the epoch loop"
         if not discarded.stmt.loops():
             where = "outside the loop, run once an epoch,"

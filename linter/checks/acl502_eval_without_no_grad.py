@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import libcst as cst
-
 from linter.context import RuleContext
-from linter.model.cst_util import walk
 from linter.model.eval_modes import (
     eval_mode_leaks,
     imports_lightning,
+    loaded_in_eval_mode,
     mode_matters,
     sets_eval_mode_anywhere,
 )
@@ -30,7 +28,7 @@ def check(ctx: RuleContext) -> None:
         if id(first.call) in reported or not (with_grad or judged_mode):
             continue
         reported.add(id(first.call))
-        mode_wrong = judged_mode and not _loaded_in_eval_mode(model, first)
+        mode_wrong = judged_mode and not loaded_in_eval_mode(model, first)
         if not (with_grad or mode_wrong):
             continue
         parts = []
@@ -52,27 +50,6 @@ def check(ctx: RuleContext) -> None:
         ctx.report(first.call, "; ".join(parts), severity="error" if wrong_mode else None)
     for leak in leaks:
         ctx.report(leak.eval_call.call, _leak_text(leak), severity="error")
-
-
-def _loaded_in_eval_mode(model, call) -> bool:
-    """The called model comes from `from_pretrained(...)` (which returns it in eval mode) and
-    nothing in the file calls its `.train()`: a frozen text encoder, not a module in train mode."""
-    name = call.func
-    if not name or "." in name:
-        return False
-    scope = call.stmt.scope
-    defs = list(scope.defs.get(name, ())) or list(model.module_defs(name))
-    loaded = bool(defs) and all(
-        d.value is not None
-        and any(
-            isinstance(n, cst.Attribute) and n.attr.value == "from_pretrained"
-            for n in walk(d.value)
-        )
-        for d in defs
-    )
-    return loaded and not any(
-        c.method == "train" and c.receiver == name for s in model.scopes for c in s.calls
-    )
 
 
 def _mode_never_set(model) -> bool:

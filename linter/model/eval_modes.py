@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from linter.model.cst_util import dotted, last_part
+from linter.model.cst_util import dotted, is_false, last_part, walk
 from linter.model.depths import FOLLOW_DEPTH
 from linter.model.evaluation import (
     frozen_models,
@@ -48,12 +48,26 @@ def sets_eval_mode_anywhere(model) -> bool:
     return False
 
 
+def loaded_in_eval_mode(model, call: CallSite) -> bool:
+    """The called model comes from `from_pretrained(...)` (which returns it in eval mode) and
+    nothing in the file calls its `.train()`: a frozen text encoder, not a module in train mode."""
+    name = call.func
+    if not name or "." in name:
+        return False
+    defs = list(call.stmt.scope.defs.get(name, ())) or list(model.module_defs(name))
+    loaded = bool(defs) and all(
+        d.value is not None
+        and any(
+            isinstance(n, cst.Attribute) and n.attr.value == "from_pretrained"
+            for n in walk(d.value)
+        )
+        for d in defs
+    )
+    return loaded and not any(c.method == "train" and c.receiver == name for c in model.calls)
+
+
 def _is_true(node) -> bool:
     return isinstance(node, cst.Name) and node.value == "True"
-
-
-def _is_false(node) -> bool:
-    return isinstance(node, cst.Name) and node.value == "False"
 
 
 def imports_lightning(model) -> bool:
@@ -142,7 +156,7 @@ def _may_set_train(model, calls: list[CallSite], trained: set[str], depth: int) 
     for call in calls:
         method = call.method or ""
         if method.startswith("train") and not (
-            call.call.args and _is_false(call.call.args[0].value)
+            call.call.args and is_false(call.call.args[0].value)
         ):
             return True  # `.train()`, `.train(True)`, or `.train(mode)` that may switch back
         callee = model.local_function(call.call.func, call.stmt.scope)
