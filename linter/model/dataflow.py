@@ -10,7 +10,6 @@ resolved, a name with no visible value, or an opaque call (or factor) handed the
 from __future__ import annotations
 
 import re
-import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -462,20 +461,10 @@ def _reaching(defs: list[Def], scope: Scope, order: int) -> list[Def]:
     loss.backward()`) never holds its value there. All of them when none can be told apart."""
     if len(defs) < 2:
         return defs
-    reader = _statement_at(scope, order)
+    reader = scope.statement_at(order)
     if reader is None:
         return defs
     return [d for d in defs if same_path(d.stmt, reader)] or defs
-
-
-_BY_ORDER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _statement_at(scope: Scope, order: int) -> Stmt | None:
-    by_order = _BY_ORDER.get(scope)
-    if by_order is None:
-        by_order = _BY_ORDER[scope] = {s.order: s for s in scope.stmts}
-    return by_order.get(order)
 
 
 def trace_loss(model: Model, scope: Scope, expr: cst.BaseExpression, stmt: Stmt) -> Flow:

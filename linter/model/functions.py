@@ -99,6 +99,15 @@ class Scope:
     header_reads: set[str] = field(default_factory=set)
     parent: Scope | None = None  # the scope the `def` statement is in (None for the module)
     globals: set[str] = field(default_factory=set)  # names declared `global` here
+    _by_order: dict[int, Stmt] | None = field(default=None, repr=False)
+
+    def statement_at(self, order: int) -> Stmt | None:
+        """The statement of this scope with that `order`, through a table built on first use
+        (kept on the scope: a table beside it, keyed by the scope, would keep every module's
+        tree alive, its statements pointing back at their scope)."""
+        if self._by_order is None:
+            self._by_order = {s.order: s for s in self.stmts}
+        return self._by_order.get(order)
 
     def reads_elsewhere(self, name: str, stmt: Stmt) -> bool:
         """Whether `name` occurs in this scope outside the statement `stmt`."""
