@@ -99,7 +99,7 @@ class Scope:
     header_reads: set[str] = field(default_factory=set)
     parent: Scope | None = None  # the scope the `def` statement is in (None for the module)
     globals: set[str] = field(default_factory=set)  # names declared `global` here
-    _by_order: dict[int, Stmt] | None = field(default=None, repr=False)
+    _by_order: dict[int, Stmt] | None = field(default=None, init=False, repr=False)
 
     def statement_at(self, order: int) -> Stmt | None:
         """The statement of this scope with that `order`, through a table built on first use
