@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from linter.context import RuleContext, make_fix
+from linter.model import accumulation
 from linter.model.accumulation import divides_like_engine
 from linter.model.config_space import k_configuration
 from linter.model.cst_util import code, dotted, int_value, strip_parens
@@ -25,7 +26,7 @@ def check(ctx: RuleContext) -> None:
             if scaler is not None:
                 _report_scaler(ctx, site, scaler)
             elif has_engine and _flows_from_prepared(model, site):
-                _report_engine(ctx, site)
+                _report_engine(ctx, loop, site)
 
 
 def _stepping_scaler(model, loop, backward) -> str | None:
@@ -119,19 +120,26 @@ def _loss_and_rest(ctx, site):
     return loss, rest
 
 
-def _report_engine(ctx, site) -> None:
+def _report_engine(ctx, loop, site) -> None:
     model = ctx.model
     engine = model.engine_in_scope(site.stmt.scope)
     name = engine or "accelerator"
     fix = None
     parts = _loss_and_rest(ctx, site)
+    windowless = _k_not_applied(model, loop, site, name)
     if engine is not None and parts is not None:
         loss, rest = parts
         loss = _without_engine_division(model, engine, strip_parens(loss))
         edit = ctx.replace(site.call, f"{engine}.backward({code(loss)}{rest})")
         edits = [edit, *_named_division_edits(ctx, site, engine, loss)]
-        fix = make_fix(f"Use `{engine}.backward(...)`", *edits)
-    facts, launch_only = _what_is_bypassed(model, site, name)
+        # without ACL306's `accumulate()` the engine's backward divides by K while the
+        # optimizer steps on every batch: alone, the edit would shrink every update K times
+        fix = make_fix(
+            f"Use `{engine}.backward(...)`",
+            *edits,
+            applicability="unsafe" if windowless else None,
+        )
+    facts, launch_only = _what_is_bypassed(model, site, name, windowless)
     ctx.report(
         site.call,
         f"raw backward bypasses `{name}.backward(loss)`: {facts}",
@@ -159,20 +167,34 @@ def _k_configuration(model, name: str, site):
     return k_configuration(model, engine.accum)
 
 
-def _what_is_bypassed(model, site, name: str) -> tuple[str, bool]:
+def _k_not_applied(model, loop, site, name: str) -> bool:
+    """An engine configured for K > 1 whose windows this loop never counts (ACL306's finding)
+    and a loss not divided by K by hand: the raw backward then misses no division, since no
+    window sums K losses, and the engine's backward would add one."""
+    engine = model.engine_for(name, site.stmt.scope)
+    k = engine.accum if engine is not None else None
+    if k is None or model.fixed_int(k) == 1 or _divided_by_hand(model, site, name):
+        return False
+    return not accumulation.windows_counted(model, loop, site)
+
+
+def _divided_by_hand(model, site, name: str) -> bool:
+    flow = model.flow(site)
+    return flow is not None and any(_is_engine_k(model, name, d) for d in flow.divisors)
+
+
+def _what_is_bypassed(model, site, name: str, windowless: bool) -> tuple[str, bool]:
     """What skipping the engine's backward costs in this file, from its K and precision, and
     whether only a DeepSpeed or Megatron-LM launch is hurt."""
     engine = model.engine_for(name, site.stmt.scope)
-    k = engine.accum if engine is not None else None
+    k = engine.accum if engine is not None and not windowless else None
     precision = engine.mixed_precision if engine is not None else None
     if engine is not None and engine.node is not None and k is None and precision is None:
         precision = "unknown"
     facts = []
     if k is not None and model.fixed_int(k) != 1:
         n = str(int_value(k)) if int_value(k) is not None else f"`{code(k)}`"
-        flow = model.flow(site)
-        divisors = flow.divisors if flow is not None else []
-        if any(_is_engine_k(model, name, d) for d in divisors):
+        if _divided_by_hand(model, site, name):
             facts.append(f"the division by {n} is done by hand instead")
         else:
             facts.append(
@@ -187,6 +209,12 @@ def _what_is_bypassed(model, site, name: str) -> tuple[str, bool]:
     if len(facts) == 1 and "by hand" in facts[0]:
         facts[0] += f" (right in {label}, but a DeepSpeed engine's backward is skipped)"
         return facts[0], True
+    if not facts and windowless:
+        return (
+            f"the engine's accumulation is not applied in this loop (ACL306) and the run is "
+            f"{label}, but a DeepSpeed engine's backward is skipped",
+            True,
+        )
     if not facts:
         return (
             f"no accumulation or fp16 is configured ({label}), but a DeepSpeed engine's "

@@ -39,20 +39,35 @@ def check(ctx: RuleContext) -> None:
             f"Remove `{scaler.name}` and call the optimizer directly",
             *_removal(ctx, scaler),
         )
+        helper_call = _helper_building(model, scaler)
         how = (
             ""
             if fix is not None
-            else ("; it is used in other ways too (state_dict, arguments), so remove it by hand")
+            else f"; it is built by `{dotted(helper_call.func)}()`, so remove it by hand"
+            if helper_call is not None
+            else "; it is used in other ways too (state_dict, arguments), so remove it by hand"
         )
         crash = bf16_params if bf16_params and not _on_cpu(ctx, scaler.node) else None
         ctx.report(
-            scaler.node,
+            scaler.node if helper_call is None else helper_call,  # where the name gets it
             f"GradScaler `{scaler.name}` in a bf16 run ({sources[0]}): "
             + (_crash_text(ctx, crash) if crash else _waste_text())
             + f" (drop the scaler: `loss.backward()`, `opt.step()`{how})",
             fix,
             severity="error" if crash else None,
         )
+
+
+def _helper_building(model, scaler) -> cst.Call | None:
+    """The call of a module (or project) function the scaler's name is bound to, when the
+    construction is in that helper (`scaler = get_grad_scaler()`): the line to change is the
+    caller's, since the helper may serve other callers."""
+    for d in model.module_defs(scaler.name):
+        value = d.value
+        if isinstance(value, cst.Call) and value is not scaler.node:
+            if model.local_function(value.func, d.stmt.scope) is not None:
+                return value
+    return None
 
 
 def _report_configured(ctx: RuleContext, scaler) -> None:

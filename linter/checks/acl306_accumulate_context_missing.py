@@ -8,10 +8,9 @@ from linter.context import RuleContext, make_fix
 from linter.model import accumulation
 from linter.model.config_space import k_configuration
 from linter.model.cst_util import code, int_value, walk
-from linter.model.kinds import EngineKind, GateKind, SiteKind
+from linter.model.kinds import EngineKind, SiteKind
 from linter.types import Edit, Position
 
-_MANUAL_GATES = (GateKind.MODULO, GateKind.COUNTER, GateKind.MICRO_LOOP)
 _STEP_PART = (
     SiteKind.OPT_STEP,
     SiteKind.ZERO_GRAD,
@@ -28,7 +27,7 @@ def check(ctx: RuleContext) -> None:
     for loop in model.loops:
         for site in loop.backwards:
             configured = _accumulating_engine(model, site)
-            if configured is None or _windows_handled(model, loop, site):
+            if configured is None or accumulation.windows_counted(model, loop, site):
                 continue
             _report(ctx, loop, site, configured)
             break
@@ -65,32 +64,21 @@ def _loss_of_prepared_model(model, site) -> bool:
     return flow is not None and any(model.derives_from_prepared(m, scope) for m in flow.models)
 
 
-def _windows_handled(model, loop, site) -> bool:
-    """Inside an `accumulate()` block (here or in a caller), a loop that calls a training-step
-    helper entering one, or a manual gate on the optimizer step: the windows are counted."""
-    if accumulation.entered_accumulate(model, site.stmt):
-        return True
-    gate = model.gate_for(loop, site.stmt)
-    if gate is not None and gate.kind in _MANUAL_GATES:
-        return True
-    for call in loop.scope.calls:
-        if any(f.node is loop.node for f in call.stmt.frames) or loop.node is loop.scope.node:
-            callee = model.local_function(call.call.func, call.stmt.scope)
-            if callee is not None and accumulation.enters_accumulate(model, callee):
-                return True
-    return False
-
-
 def _report(ctx: RuleContext, loop, site, configured) -> None:
     k = configured.value
     n = str(int_value(k)) if int_value(k) is not None else f"`{code(k)}`"
     engine = configured.engine
     fix, note = _fix(ctx, loop, site, engine)
+    effect = (
+        f"every loss is divided by {n} and the optimizer still steps on every batch, with "
+        f"1/{n} of the gradient"
+        if site.kind == SiteKind.ENGINE_BACKWARD
+        else f"the optimizer steps on every batch, so the {n}-step accumulation never happens"
+    )
     ctx.report(
         site.call,
         f"`{engine}` is configured for {n} accumulation steps, but this loop never enters "
-        f"`{engine}.accumulate(...)`: every loss is divided by {n} and the optimizer still "
-        f"steps on every batch, with 1/{n} of the gradient",
+        f"`{engine}.accumulate(...)`: {effect}",
         fix,
         notes=(note,) if note else (),
         configuration=k_configuration(ctx.model, k),

@@ -45,7 +45,7 @@ def _report(ctx, sampler, loader: str, loop) -> None:
     start, _ = ctx.span(loop.node)
     _, end = ctx.span(loop.node.iter if isinstance(loop.node, cst.For) else loop.node.test)
     rebound = sampler.name and len(loop.scope.defs.get(sampler.name, ())) > 1
-    if sampler.name and not rebound:
+    if sampler.name and not rebound and _visible(ctx, sampler, loop.scope):
         target = f"`{sampler.name}.set_epoch(epoch)`"
     elif not rebound:
         target = f"`{built}.sampler.set_epoch(epoch)`"
@@ -59,3 +59,10 @@ def _report(ctx, sampler, loader: str, loop) -> None:
         "across ranks",
         notes=(f"call {target} at the start of each epoch",),
     )
+
+
+def _visible(ctx, sampler, scope) -> bool:
+    """Whether the sampler's name reaches the epoch loop: bound in its function, at module
+    level or on `self` (not a local of the helper that builds the loader)."""
+    where = sampler.stmt.scope
+    return sampler.name.startswith("self.") or where is scope or where is ctx.model.scopes[0]

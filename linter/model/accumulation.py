@@ -29,7 +29,7 @@ from linter.model.cst_util import (
 )
 from linter.model.depths import FOLLOW_DEPTH
 from linter.model.functions import CallSite, Frame, Scope, Stmt
-from linter.model.kinds import EngineKind, FrameKind, RegionKind
+from linter.model.kinds import EngineKind, FrameKind, GateKind, RegionKind
 from linter.model.loops import Region
 from linter.model.setup import is_prepare
 
@@ -327,6 +327,27 @@ def _in_indirect_accumulate(stmt: Stmt) -> bool:
                 defs = stmt.scope.defs_before(text, stmt.order)
                 value = defs[-1].value if defs and defs[-1].op == "=" else None
             if value is not None and _ACCUMULATE_CALL.search(code(value)):
+                return True
+    return False
+
+
+_MANUAL_GATES = (GateKind.MODULO, GateKind.COUNTER, GateKind.MICRO_LOOP)
+
+
+def windows_counted(model, loop, site) -> bool:
+    """Whether the backward at `site` runs in counted windows: inside an `accumulate()` block
+    (here or in a caller), in a loop that calls a training-step helper entering one, or under a
+    manual gate on the optimizer step. Without them an engine configured for K steps the
+    optimizer on every batch (ACL306)."""
+    if entered_accumulate(model, site.stmt):
+        return True
+    gate = model.gate_for(loop, site.stmt)
+    if gate is not None and gate.kind in _MANUAL_GATES:
+        return True
+    for call in loop.scope.calls:
+        if any(f.node is loop.node for f in call.stmt.frames) or loop.node is loop.scope.node:
+            callee = model.local_function(call.call.func, call.stmt.scope)
+            if callee is not None and enters_accumulate(model, callee):
                 return True
     return False
 

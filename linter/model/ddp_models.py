@@ -15,6 +15,7 @@ from linter.model.cst_util import (
     method_call,
 )
 from linter.model.depths import FOLLOW_DEPTH
+from linter.model.evaluates import constructions
 from linter.model.functions import CallSite, Def, Scope, Stmt
 from linter.model.kinds import FrameKind
 
@@ -82,29 +83,8 @@ def _find_ddp_models(model: Model) -> list[DDPModel]:
 def _ddp_value(model: Model, value, scope: Scope, depth: int) -> cst.Call | None:
     """The DDP call a value evaluates to: `DDP(m)`, `DDP(m) if dist else m`, `wrap(m)` where
     the module's `def wrap` returns a DDP model."""
-    if depth > FOLLOW_DEPTH or value is None:
-        return None
-    if isinstance(value, cst.IfExp):
-        return _ddp_value(model, value.body, scope, depth) or _ddp_value(
-            model, value.orelse, scope, depth
-        )
-    if not isinstance(value, cst.Call):
-        return None
-    if is_ddp_call(model, value):
-        return value
-    helper = model.local_function(value.func, scope)
-    if helper is None:
-        return None
-    for returned, stmt in helper.returns:
-        call = _ddp_value(model, returned, helper, depth + 1)
-        text = dotted(returned)
-        if call is None and text is not None:
-            for d in helper.defs_before(text, stmt.order + 1):
-                if d.op == "=" and d.tuple_index is None:
-                    call = call or _ddp_value(model, d.value, helper, depth + 1)
-        if call is not None:
-            return call
-    return None
+    calls = constructions(model.graph, value, scope, depth)
+    return next((call for call in calls if is_ddp_call(model, call)), None)
 
 
 def wrapped_on_every_path(model: Model, held: DDPModel) -> bool:

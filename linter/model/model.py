@@ -72,7 +72,7 @@ class Model:
         self.graph = CallGraph(self.scopes, self.function_defs, self.imports)
         self.classes = Classes(self.scopes)  # what each class binds on `self`
         self.calls: list[CallSite] = self.graph.calls
-        self.setup = SetupCollector(self.scopes, self.imports).setup
+        self.setup = SetupCollector(self.scopes, self.imports, self.graph).setup
         self.roles = Roles(self.setup, self.graph, self.imports)
         self.prepared = PreparedObjects(self.setup, self.graph)
         self.scaling = Scaling(self.roles, self.imports)

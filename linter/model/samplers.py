@@ -25,6 +25,7 @@ from linter.model.setup import is_prepare
 if TYPE_CHECKING:
     from linter.model import Model, TrainingLoop
 from linter.model.ddp_models import inside
+from linter.model.evaluates import receiving_calls
 
 _LOADER_CALLEE = re.compile(r"loader|sampler|prefetch|tqdm|iter|enumerate", re.I)
 
@@ -79,7 +80,8 @@ def _bound_name(c: CallSite) -> str | None:
 
 def _loaders_of(model: Model, c: CallSite, name: str | None) -> list[str]:
     """The names bound to a call that takes the sampler (a `DataLoader(sampler=...)`, a
-    `BatchSampler(sampler, ...)` then its loader, a `build_loader(ds, sampler)` helper)."""
+    `BatchSampler(sampler, ...)` then its loader, a `build_loader(ds, sampler)` helper, and
+    the names bound to calls of a module function that returns such a loader)."""
     loaders: list[str] = []
     holders = {name} if name else set()
     frontier = [c.call]
@@ -92,12 +94,13 @@ def _loaders_of(model: Model, c: CallSite, name: str | None) -> list[str]:
                 takers.append(other)
         frontier = []
         for taker in takers:
-            bound = _bound_name(taker)
-            if bound is not None and bound not in holders:
-                holders.add(bound)
-                loaders.append(bound)
-            elif bound is None:
-                frontier.append(taker.call)
+            for holder in [taker, *receiving_calls(model.graph, taker)]:
+                bound = _bound_name(holder)
+                if bound is not None and bound not in holders:
+                    holders.add(bound)
+                    loaders.append(bound)
+                elif bound is None:
+                    frontier.append(holder.call)
     return loaders
 
 

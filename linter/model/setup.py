@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from linter.model.callgraph import CallGraph
 from linter.model.cst_util import (
     code,
     dotted,
@@ -23,6 +24,7 @@ from linter.model.cst_util import (
     positional,
     string_value,
 )
+from linter.model.evaluates import constructions
 from linter.model.functions import Def, Scope
 from linter.model.kinds import BuiltKind, EngineKind
 from linter.model.names import Imports
@@ -110,18 +112,10 @@ def engine_kind(qual: str) -> EngineKind | None:
     return None
 
 
-def _constructors(value: cst.BaseExpression | None) -> list[cst.Call]:
-    """The calls a value may evaluate to (`X(...)`, `X(...) if c else None`)."""
-    if isinstance(value, cst.Call):
-        return [value]
-    if isinstance(value, cst.IfExp):
-        return _constructors(value.body) + _constructors(value.orelse)
-    return []
-
-
 class SetupCollector:
-    def __init__(self, scopes: list[Scope], imports: Imports) -> None:
+    def __init__(self, scopes: list[Scope], imports: Imports, graph: CallGraph) -> None:
         self.imports = imports
+        self.graph = graph
         self.setup = Setup()
         self._plugins: dict[str, cst.BaseExpression] = {}
         defs = [d for scope in scopes for ds in scope.defs.values() for d in ds]
@@ -133,8 +127,14 @@ class SetupCollector:
         for d in defs:
             self._prepared(d)
 
+    def _constructors(self, d: Def) -> list[cst.Call]:
+        """The calls an assignment's value may evaluate to (`X(...) if c else None`, and what
+        the module's own helper it calls returns, for a single target)."""
+        single = d.tuple_index is None  # `a, b = helper()`: which part is which is not followed
+        return list(constructions(self.graph, d.value, d.stmt.scope, helpers=single))
+
     def _plugin(self, d: Def) -> None:
-        for call in _constructors(d.value):
+        for call in self._constructors(d):
             if last_part(self.imports.qualify(call.func)) == "GradientAccumulationPlugin":
                 steps = keyword(call, "num_steps")
                 if steps is not None:
@@ -143,7 +143,7 @@ class SetupCollector:
     def _constructed(self, d: Def) -> None:
         if d.op != "=":
             return
-        for call in _constructors(d.value):
+        for call in self._constructors(d):
             qual = self.imports.qualify(call.func) or ""
             if last_part(qual) == "initialize" and qual.startswith("deepspeed"):
                 if d.tuple_index in (0, None):

@@ -789,3 +789,48 @@ def test_loss_scaler_class_clipping_before_it_unscales_is_its_modules_finding(tr
     clip = "torch.nn.utils.clip_grad_norm_(parameters, clip_grad)"
     assert tree.findings("util/misc.py", "ACL104") == [("ACL104", *at(misc, clip))]
     assert tree.findings("engine.py", *STEP_CODES) == []
+
+
+# a GradScaler built by a helper of another module -----------------------------------------------
+SCALER_UTILS = """
+import torch
+
+
+def get_grad_scaler(**kwargs):
+    if torch.cuda.is_available():
+        return torch.amp.GradScaler("cuda", **kwargs)
+    return torch.amp.GradScaler("cpu", **kwargs)
+"""
+
+BF16_TRAIN = """
+import torch
+
+from utils import get_grad_scaler
+
+
+def train(model, loader, optimizer):
+    scaler = get_grad_scaler()
+    for x, y in loader:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(x, y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+"""
+
+
+def test_scaler_from_a_helper_of_another_module_under_bf16(tree, at):
+    """Reported at the caller's line, which is the one to change: the helper is generic."""
+    tree.write({"utils.py": SCALER_UTILS, "train.py": BF16_TRAIN})
+    train = tree.text("train.py")
+    (found,) = tree.diagnostics("train.py", "ACL105")
+    assert (found.start.line, found.start.column) == at(train, "get_grad_scaler()")
+    assert "it is built by `get_grad_scaler()`, so remove it by hand" in found.message
+    assert "the change belongs there" not in found.message
+    assert tree.findings("train.py", "ACL105", alone=True) == []
+
+
+def test_scaler_from_a_helper_of_another_module_under_fp16_is_not_flagged(tree):
+    tree.write({"utils.py": SCALER_UTILS, "train.py": BF16_TRAIN.replace("bfloat16", "float16")})
+    assert tree.findings("train.py", "ACL105", "ACL102", "ACL103", "ACL104") == []

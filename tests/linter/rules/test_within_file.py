@@ -551,3 +551,141 @@ def test_ddp_model_syncs_every_loss_scaler_call(acl401, at):
     )
     assert "            loss_scaler(loss, optimizer" in fixed
     assert acl401.findings(SCALER_CLASS) == []
+
+
+# objects a module helper builds and returns ----------------------------------------------------
+SCALER_HELPER = """
+import torch
+
+
+def get_grad_scaler():
+    return torch.amp.GradScaler("cuda")
+
+
+def train(model, loader, optimizer):
+    scaler = get_grad_scaler()
+    for x, y in loader:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(x, y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+"""
+
+
+def test_scaler_returned_by_a_helper_under_bf16(acl105, at):
+    bound_then_returned = SCALER_HELPER.replace(
+        '    return torch.amp.GradScaler("cuda")\n',
+        '    scaler = torch.amp.GradScaler("cuda")\n    return scaler\n',
+    )
+    for source in (SCALER_HELPER, bound_then_returned):
+        (diagnostic,) = acl105.diagnostics(source)
+        # at the caller's line that takes the scaler: the helper may serve other callers
+        where = at(source, "get_grad_scaler()", nth=1)
+        assert (diagnostic.start.line, diagnostic.start.column) == where
+        assert "it is built by `get_grad_scaler()`, so remove it by hand" in diagnostic.message
+        assert diagnostic.fix is None
+
+
+def test_scaler_returned_by_a_helper_under_fp16_is_not_flagged():
+    assert _all_codes(SCALER_HELPER.replace("torch.bfloat16", "torch.float16")) == []
+
+
+LOADER_HELPER = """
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+
+def build_loader(dataset, batch_size):
+    sampler = DistributedSampler(dataset, shuffle=True)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+
+
+def main(dataset, model, optimizer, epochs=10):
+    loader = build_loader(dataset, 32)
+    for epoch in range(epochs):
+        SET_EPOCH
+        for x, y in loader:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+
+def test_loader_returned_by_a_helper_is_never_told_the_epoch(acl404, at):
+    source = LOADER_HELPER.replace("        SET_EPOCH\n", "")
+    bound_then_returned = source.replace(
+        "    return DataLoader(dataset, batch_size=batch_size, sampler=sampler)\n",
+        "    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler)\n"
+        "    return loader\n",
+    )
+    for text in (source, bound_then_returned):
+        (diagnostic,) = acl404.diagnostics(text)
+        assert (diagnostic.start.line, diagnostic.start.column) == at(text, "for epoch")
+        # the helper's local `sampler` is not visible in main: name it through the loader
+        assert diagnostic.notes == (
+            "call `loader.sampler.set_epoch(epoch)` at the start of each epoch",
+        )
+
+
+def test_loader_returned_by_a_helper_told_the_epoch_is_not_flagged(acl404):
+    source = LOADER_HELPER.replace("SET_EPOCH", "loader.sampler.set_epoch(epoch)")
+    assert acl404.findings(source) == []
+
+
+ACCELERATOR_HELPER = """
+from accelerate import Accelerator
+
+
+def build_accelerator():
+    return Accelerator(mixed_precision="fp16", gradient_accumulation_steps=4)
+
+
+def main(model, optimizer, loader):
+    accelerator = build_accelerator()
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for batch in loader:
+        loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
+
+def test_accelerator_returned_by_a_helper_without_accumulate(acl101, acl306, at):
+    """Two causes, one finding each: the raw backward skips the fp16 scaling (ACL101), and no
+    window is ever counted (ACL306). With no window the raw backward misses no division, so
+    ACL101 does not claim one, and its fix alone would make every update 4 times smaller:
+    unsafe. Both fixes together give the accumulate loop."""
+    where = at(ACCELERATOR_HELPER, "loss.backward()")
+    (raw,) = acl101.diagnostics(ACCELERATOR_HELPER)
+    assert (raw.start.line, raw.start.column) == where
+    assert raw.message.endswith(": the fp16 loss is never scaled")
+    assert raw.fix is not None and raw.fix.applicability == "unsafe"
+    (missing,) = acl306.diagnostics(ACCELERATOR_HELPER)
+    assert (missing.start.line, missing.start.column) == where
+    assert missing.message.endswith(
+        ": the optimizer steps on every batch, so the 4-step accumulation never happens"
+    )
+
+
+def test_accelerator_returned_by_a_helper_with_accumulate(acl101):
+    source = ACCELERATOR_HELPER.replace(
+        "        loss = model(**batch).loss\n"
+        "        loss.backward()\n"
+        "        optimizer.step()\n"
+        "        optimizer.zero_grad()\n",
+        "        with accelerator.accumulate(model):\n"
+        "            loss = model(**batch).loss\n"
+        "            loss.backward()\n"
+        "            optimizer.step()\n"
+        "            optimizer.zero_grad()\n",
+    )
+    (raw,) = acl101.diagnostics(source)
+    assert "the gradients of the 4 accumulation steps are summed" in raw.message
+    assert raw.fix is not None and raw.fix.applicability == "safe"
+    assert "            accelerator.backward(loss)\n" in acl101.fixed(source)
+    fixed = acl101.fixed(source)
+    assert _all_codes(fixed) == []
