@@ -54,7 +54,11 @@ for batch in dl:
 Safe. `loss.backward(**kw)` becomes `accelerator.backward(loss, **kw)` (or `engine.backward`), or
 `scaler.scale(loss).backward(**kw)` in a raw AMP loop. A manual division by K on the argument is
 removed by the same edit, so the result does not trigger ACL302. No fix for a list of losses
-(`torch.autograd.backward([l1, l2])` or a name bound to one).
+(`torch.autograd.backward([l1, l2])` or a name bound to one). Unsafe where the engine is
+configured for K > 1 but the loop never enters `accumulate()` (ACL306) and the loss is not
+divided by K by hand: the engine's backward divides by K while the optimizer still steps on
+every batch, so this edit alone would make every update K times smaller; with ACL306's fix the
+pair gives the accumulate loop.
 
 ## At runtime
 `engine.backward` marks the backward it owns, and a hook on every grad-requiring output of a
