@@ -20,7 +20,11 @@ or `extend`, a function named like a metric (`accuracy(...)`), or a running tota
 directly or through the names it is assigned to. Gathered values whose padded tail is cut off by
 hand (`preds = preds[: len(dl.dataset) - seen]`) are left alone. Without a fix, it also flags
 `metric.add_batch(...)` of an `evaluate.load(...)` metric in a loop over a prepared loader that
-gathers nothing (torchmetrics objects synchronise themselves and are not flagged).
+gathers nothing (torchmetrics objects synchronise themselves and are not flagged), and a count
+of correct predictions (`correct += (preds == labels).sum().item()`) over a loader seen coming
+from `prepare` that no `reduce`, `gather` or `all_reduce` combines afterwards, in the function
+or in the caller it is returned to. The count is wrong only under a multi-process launch, so
+that finding is a latent warning.
 
 ## Why is this bad?
 A prepared evaluation loader pads its last batch with repeated samples so that every process runs

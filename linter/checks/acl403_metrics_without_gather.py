@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from linter.context import RuleContext, make_fix
 from linter.model.gathers import metric_gathers, ungathered_metrics
+from linter.types import Configuration
 
 
 def check(ctx: RuleContext) -> None:
@@ -19,9 +20,28 @@ def check(ctx: RuleContext) -> None:
             fix,
         )
     for found in ungathered_metrics(ctx.model):
+        if not found.counter:
+            ctx.report(
+                found.node,
+                f"`{found.metric}` is updated from this process's predictions only: over a "
+                "prepared loader each process sees 1/W of the data (gather them first with "
+                "`accelerator.gather_for_metrics`)",
+            )
+            continue
         ctx.report(
-            found.call,
-            f"`{found.metric}` is updated from this process's predictions only: over a prepared "
-            "loader each process sees 1/W of the data (gather them first with "
-            "`accelerator.gather_for_metrics`)",
+            found.node,
+            f"`{found.metric}` counts the correct predictions of this process's shard only: "
+            "over a prepared loader each process evaluates 1/W of the data, so the metric "
+            "computed from it describes one shard (gather predictions and labels with "
+            "`accelerator.gather_for_metrics` first, or `accelerator.reduce` the counts)",
+            configuration=_MULTI_PROCESS,
         )
+
+
+# One process evaluates the whole loader: the count is then the dataset's.
+_MULTI_PROCESS = Configuration(
+    affects_default=False,
+    condition="under a multi-process launch (`accelerate launch`, `torchrun`), where each "
+    "process evaluates its own shard",
+    knobs=("num_processes",),
+)

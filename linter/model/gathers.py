@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from linter.model.cst_util import dotted, last_part, method_call, walk
+from linter.model.depths import FOLLOW_DEPTH
 from linter.model.evaluation import EvalContext, encloses, is_eval_function, is_eval_iterable
 from linter.model.functions import CallSite, Stmt
 from linter.model.kinds import EngineKind
@@ -227,11 +228,14 @@ def _assigned_names(node: cst.CSTNode) -> set[str]:
 
 @dataclass(eq=False)
 class UngatheredMetric:
-    """A metric updated from one process's predictions over a prepared evaluation loader."""
+    """A metric updated from one process's predictions over a prepared evaluation loader: a
+    metric object's `add_batch(...)`, or a count of correct predictions (`correct += (preds ==
+    labels).sum().item()`) that no collective combines afterwards."""
 
-    call: cst.Call
+    node: cst.CSTNode
     stmt: Stmt
     metric: str
+    counter: bool = False
 
 
 def ungathered_metrics(model) -> list[UngatheredMetric]:
@@ -242,15 +246,72 @@ def _find_ungathered(model) -> list[UngatheredMetric]:
     metrics = _metric_objects(model)
     found = []
     for context in _gather_contexts(model):
-        if context.kind != "loop" or not _iterates_prepared(model, context):
+        loops = _prepared_loops(model, context)
+        if not loops or any(_collects(model, s) for s in context.stmts):
             continue
-        if any(_collects(model, s) for s in context.stmts):
-            continue
-        for call in context.scope.calls:
+        for call in context.scope.calls if context.kind == "loop" else ():
             in_context = any(call.stmt is s for s in context.stmts)
             if in_context and call.method in ("add_batch", "add") and call.receiver in metrics:
                 found.append(UngatheredMetric(call.call, call.stmt, call.receiver))
+        for stmt in context.stmts:
+            name = _correct_count(stmt)
+            in_loop = any(f.node is loop for loop in loops for f in stmt.frames)
+            if name is not None and in_loop and not _combined_later(model, stmt, name):
+                found.append(UngatheredMetric(stmt.node, stmt, name, counter=True))
     return found
+
+
+def _prepared_loops(model, context: EvalContext) -> list[cst.For]:
+    """The loops of the context that iterate a prepared loader (each process gets 1/W)."""
+    if context.kind == "loop":
+        return [context.node] if _iterates_prepared(model, context.node, context.scope) else []
+    loops = [loop for loop in context.scope.loops if isinstance(loop, cst.For)]
+    return [loop for loop in loops if _iterates_prepared(model, loop, context.scope)]
+
+
+def _correct_count(stmt: Stmt) -> str | None:
+    """`correct += (preds == labels).sum().item()` / `hits += preds.eq(y).sum()`: the name of
+    a running count of matching predictions, else None."""
+    node = stmt.node
+    if not isinstance(node, cst.AugAssign) or not isinstance(node.operator, cst.AddAssign):
+        return None
+    name = dotted(node.target)
+    if name is None:
+        return None
+    compares = any(
+        isinstance(sub, cst.Comparison)
+        and any(isinstance(t.operator, cst.Equal) for t in sub.comparisons)
+        or (method_call(sub) or (None, ""))[1] == "eq"
+        for sub in walk(node.value)
+    )
+    summed = any((method_call(sub) or (None, ""))[1] == "sum" for sub in walk(node.value))
+    return name if compares and summed else None
+
+
+def _combined_later(model, stmt: Stmt, name: str, depth: int = 0) -> bool:
+    """Whether the count is combined across processes after the loop (`accelerator.reduce`,
+    `gather`, `all_reduce` of it or of a value built from it), here or, when the function
+    returns it, in a caller. A function nobody in the module calls may be combined by its
+    callers elsewhere: then it counts as combined (no finding rests on what is not seen)."""
+    rest = [s for s in stmt.scope.stmts if s.order > stmt.order]
+    names = _derived_names(rest, {name.split(".")[0] if "." not in name else name})
+    if any(_collects(model, s) and _reads_any(s.node, names) for s in rest):
+        return True
+    returned = [value for value, _ in stmt.scope.returns if _reads_any(value, names)]
+    if not returned:
+        return False
+    callers = model.graph.callers(stmt.scope)
+    if not callers or depth >= FOLLOW_DEPTH:
+        return True
+    for caller in callers:
+        bound = _assigned_names(caller.stmt.node)
+        later = [s for s in caller.stmt.scope.stmts if s.order > caller.stmt.order]
+        derived = _derived_names(later, bound) if bound else set()
+        if any(_collects(model, s) and _reads_any(s.node, derived) for s in later):
+            return True
+        if _collects(model, caller.stmt):
+            return True
+    return False
 
 
 def _metric_objects(model) -> set[str]:
@@ -269,11 +330,13 @@ def _metric_objects(model) -> set[str]:
     return found
 
 
-def _iterates_prepared(model, context: EvalContext) -> bool:
-    loop = context.node
+def _iterates_prepared(model, loop: cst.For, scope) -> bool:
+    """A loop over a prepared loader, or over a parameter every caller hands one."""
     for sub in walk(loop.iter):
         text = dotted(sub) if isinstance(sub, (cst.Name, cst.Attribute)) else None
-        if text is not None and model.is_prepared(text, context.scope):
+        if text is not None and model.is_prepared(text, scope):
+            return True
+        if text in scope.params and model.seen_prepared(text, scope):
             return True
     return False
 

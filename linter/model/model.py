@@ -177,6 +177,9 @@ class Model:
     def derives_from_prepared(self, text: str | None, scope: Scope) -> bool:
         return self.prepared.derives_from_prepared(text, scope)
 
+    def seen_prepared(self, text: str | None, scope: Scope) -> bool:
+        return self.prepared.seen_prepared(text, scope)
+
     def prepared_in_reach(self, scope: Scope) -> bool:
         return self.prepared.prepared_in_reach(scope)
 

@@ -32,6 +32,11 @@ class PreparedObjects:
         runs the prepared `model` inside its own forward."""
         return bool(text) and self._holds(text, scope, None, wrappers=True, depth=0)
 
+    def seen_prepared(self, text: str | None, scope: Scope) -> bool:
+        """`derives_from_prepared`, but a parameter whose callers are not all seen (a function
+        called from elsewhere) does not count: the value must be seen coming from `prepare`."""
+        return bool(text) and self._holds(text, scope, None, wrappers=True, depth=0, unknown=False)
+
     def prepared_in_reach(self, scope: Scope, depth: int = 0) -> bool:
         """Whether code in `scope` can see a prepared object at all: a `prepare(...)` in this
         function, an enclosing one or the module, in another method of its class, or in a

@@ -235,3 +235,98 @@ def test_gathered_batches_copied_by_a_helper_handed_the_dataset(acl403, at):
         "        preds = create_and_fill_np_array(all_logits, eval_dataset, 384)\n", ""
     ).replace("predictions=preds", "predictions=all_logits")
     assert acl403.findings(straight) == [("ACL403", *at(straight, "accelerator.gather"))]
+
+
+# a count of correct predictions over a prepared loader ------------------------------------------
+COUNTING = """
+import torch
+from accelerate import Accelerator
+
+
+def evaluate(model, loader):
+    model.eval()
+    correct = total = 0
+    with torch.no_grad():
+        for batch in loader:
+            preds = model(**batch).logits.argmax(-1)
+            correct += (preds == batch["labels"]).sum().item()
+            total += batch["labels"].numel()
+    model.train()
+    return correct / total
+
+
+def main(model, optimizer, train_dl, eval_dl):
+    accelerator = Accelerator()
+    model, optimizer, train_dl, eval_dl = accelerator.prepare(model, optimizer, train_dl, eval_dl)
+    for epoch in range(3):
+        for batch in train_dl:
+            accelerator.backward(model(**batch).loss)
+            optimizer.step()
+            optimizer.zero_grad()
+        accelerator.print(evaluate(model, eval_dl))
+"""
+
+
+def test_count_of_correct_predictions_over_a_prepared_loader(acl403, at):
+    (found,) = acl403.diagnostics(COUNTING)
+    assert (found.start.line, found.start.column) == at(COUNTING, "correct += (preds")
+    assert found.message.startswith("`correct` counts the correct predictions of this process's")
+    assert found.severity == "warning" and found.fix is None
+    assert found.configuration.latent  # one process evaluates the whole loader
+    inline = """
+    import torch
+    from accelerate import Accelerator
+
+    accelerator = Accelerator()
+    model, eval_dl = accelerator.prepare(model, eval_dl)
+    model.eval()
+    hits = torch.zeros(1)
+    with torch.no_grad():
+        for x, y in eval_dl:
+            hits += model(x).argmax(-1).eq(y).sum()
+    accelerator.print(hits / len(eval_dl.dataset))
+    """
+    assert acl403.findings(inline) == [("ACL403", *at(inline, "hits +="))]
+
+
+def test_counts_combined_across_processes_are_not_flagged(acl403):
+    reduced_after = COUNTING.replace(
+        "    model.train()\n    return correct / total\n",
+        "    model.train()\n"
+        "    counts = accelerator.reduce(torch.tensor([correct, total]))\n"
+        "    return (counts[0] / counts[1]).item()\n",
+    )
+    gathered_in_loop = COUNTING.replace(
+        "            preds = model(**batch).logits.argmax(-1)\n",
+        "            preds = model(**batch).logits.argmax(-1)\n"
+        '            preds, labels = accelerator.gather_for_metrics((preds, batch["labels"]))\n',
+    )
+    returned_then_reduced = COUNTING.replace("return correct / total", "return correct").replace(
+        "        accelerator.print(evaluate(model, eval_dl))\n",
+        "        correct = evaluate(model, eval_dl)\n"
+        "        accelerator.print(accelerator.reduce(torch.tensor(correct)))\n",
+    )
+    for source in (reduced_after, gathered_in_loop, returned_then_reduced):
+        assert acl403.findings(source) == [], source
+
+
+def test_counts_over_loaders_not_seen_prepared_are_not_flagged(acl403):
+    never_prepared = COUNTING.replace(
+        "train_dl, eval_dl = accelerator.prepare(model, optimizer, train_dl, eval_dl)",
+        "train_dl = accelerator.prepare(model, optimizer, train_dl)",
+    )
+    assert never_prepared != COUNTING
+    # a helper nobody in the module calls: its loader may come from anywhere
+    uncalled = COUNTING.split("def main(")[0]
+    plain_loop = """
+    import torch
+
+    def evaluate(model, loader):
+        correct = 0
+        with torch.no_grad():
+            for x, y in loader:
+                correct += (model(x).argmax(-1) == y).sum().item()
+        return correct
+    """
+    for source in (never_prepared, uncalled, plain_loop):
+        assert acl403.findings(source) == [], source
