@@ -22,7 +22,9 @@ engine's equivalent), or in a manual accumulation loop outside the condition tha
 accelerator.sync_gradients`) or a conditional expression (`clip(...) if
 accelerator.sync_gradients else None`). A per-batch function (`train_step`) is judged by the
 step gate of the loop that calls it. A condition on another cadence (`step % logging_steps == 0`)
-is not a gate: only a modulus that is the accumulation value counts.
+is not a gate: only a modulus that is the accumulation value counts. Adjacent flagged calls of
+one block (`scaler.unscale_(opt)` then `clip_grad_norm_(...)`, or a clip in each branch of one
+`if`) are one misplaced block: one finding, spanning them, with one fix.
 
 ## Why is this bad?
 On a micro-step that does not step, `.grad` holds a partial sum. In fp16 every clip needs an

@@ -258,21 +258,35 @@ def _report_run(ctx, run, anchor=None, unit=None, configs=None) -> None:
         lines = [unit] if unit is not None else [s.stmt.line for s, _, _ in run]
         edit = ctx.wrap_in_if(lines, condition)
         fix = make_fix(f"Run it only when `{condition}`", edit)
-    for site, _, where in run:
-        _report(ctx, site, condition, where, fix, (configs or {}).get(id(site)))
+    _report(ctx, run, condition, fix, (configs or {}).get(id(run[0][0])))
 
 
-def _report(ctx, site, condition: str | None, where: str, fix, configuration=None) -> None:
-    name = site.call.func
-    label = code(name.attr if hasattr(name, "attr") else name)
-    hint = f"gate it on `{condition}`" if condition else "move it to the update-step branch"
+def _report(ctx, run, condition: str | None, fix, configuration=None) -> None:
+    """One finding for the run: adjacent unscale and clip calls are one misplaced block (one
+    cause, one fix), reported over the span from the first call to the last."""
+    labels = list(dict.fromkeys(_label(site.call) for site, _, _ in run))  # one per name
+    where = run[0][2]
+    one = len(labels) == 1
+    named = f"`{labels[0]}`" if one else ", ".join(f"`{x}`" for x in labels[:-1])
+    if not one:
+        named += f" and `{labels[-1]}`"
+    it = "it" if one else "them"
+    hint = f"gate {it} on `{condition}`" if condition else f"move {it} to the update-step branch"
+    start, _ = ctx.span(run[0][0].call)
+    _, end = ctx.span(run[-1][0].call)
     ctx.report(
-        site.call,
-        f"`{label}` runs on every micro-step in {where}, not only when the optimizer steps: "
-        f"it clips/unscales partial gradient sums ({hint})",
+        (start, end),
+        f"{named} {'runs' if one else 'run'} on every micro-step in {where}, not only when the "
+        f"optimizer steps: {'it clips/unscales' if one else 'they clip/unscale'} partial gradient "
+        f"sums ({hint})",
         fix,
         configuration=configuration,
     )
+
+
+def _label(call: cst.Call) -> str:
+    name = call.func
+    return code(name.attr if hasattr(name, "attr") else name)
 
 
 def _binds_name_read_elsewhere(stmt) -> bool:

@@ -39,10 +39,11 @@ def test_raw_amp_unscale_and_clip_share_one_if(acl303, at):
             scaler.update()
             opt.zero_grad()
     """
-    assert acl303.findings(source) == [
-        ("ACL303", *at(source, "scaler.unscale_(opt)")),
-        ("ACL303", *at(source, "torch.nn.utils.clip_grad_norm_")),
-    ]
+    # one misplaced block, one finding (spanning both calls) and one fix
+    (found,) = acl303.diagnostics(source)
+    assert (found.start.line, found.start.column) == at(source, "scaler.unscale_(opt)")
+    assert found.end.line == at(source, "torch.nn.utils.clip_grad_norm_")[0]
+    assert found.message.startswith("`unscale_` and `clip_grad_norm_` run on every micro-step")
     expected = (
         "    if (i + 1) % K == 0 or i + 1 == len(dl):\n"
         "        scaler.unscale_(opt)\n"
@@ -617,10 +618,7 @@ def test_clips_in_both_branches_of_an_if_gate_the_whole_if(acl303, at):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     """
-    assert acl303.findings(source) == [
-        ("ACL303", *at(source, "model.clip_grad_norm_")),
-        ("ACL303", *at(source, "torch.nn.utils.clip_grad_norm_")),
-    ]
+    assert acl303.findings(source) == [("ACL303", *at(source, "model.clip_grad_norm_"))]
     gate = "(num_steps + 1) % gradient_accumulation_steps == 0 or last_batch"
     assert acl303.fixed(source) == textwrap.dedent(source).replace(
         "    if use_fsdp:\n"
