@@ -22,6 +22,7 @@ import libcst as cst
 from linter.model.cst_util import (
     code,
     dotted,
+    int_value,
     keyword,
     last_part,
     positional,
@@ -55,6 +56,7 @@ class KnobSource(StrEnum):
     JSON = "json"
     TOML = "toml"
     OVERRIDABLE_GLOBAL = "overridable-global"
+    PARAMETER_DEFAULT = "parameter-default"  # `def train(..., accum_iter=1)` nobody here passes
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,7 @@ class ConfigSpace:
     def knob_for(self, expr: cst.CSTNode | None, scope: Scope | None = None) -> Knob | None:
         """The knob an expression reads: `args.k`, `cfg.k`, `config["k"]`, `config.get("k")`,
         a configurable global, or a name bound once to one of those (`K = args.k`)."""
-        if expr is None or not self.knobs:
+        if expr is None:
             return None
         return self._knob(strip_parens(expr), scope, 0)
 
@@ -176,10 +178,24 @@ class ConfigSpace:
         """`def train(loader, accum)` called as `train(dl, args.accum)`: the one knob every
         call site of this module passes (None when a call passes something else)."""
         sites = self._model.argument_sites(scope, param) if self._model is not None else []
+        if not sites:
+            return self._parameter_default(scope, param)
         found = {id(k): k for e, s in sites if (k := self._knob(e, s.scope, depth + 1))}
         knobs = list(found.values())
         resolved = len(knobs) == 1 and all(self._knob(e, s.scope, depth + 1) for e, s in sites)
         return knobs[0] if resolved else None
+
+    def _parameter_default(self, scope: Scope, param: str) -> Knob | None:
+        """A whole-number default of a parameter that no call of this module passes (the
+        function is called from elsewhere, or always with its default): its default is the
+        value the default run sees, `train_epoch(accum_grad_iters=...)` the knob."""
+        node = scope.params[param]
+        value = int_value(node.default) if node.default is not None else None
+        if value is None or self._model is None:
+            return None
+        spelling = f"{scope.name}({param}=...)"
+        line = self._model.line(node)
+        return Knob(param, spelling, value, None, KnobSource.PARAMETER_DEFAULT, line)
 
     def default_of(self, expr, scope: Scope | None = None) -> tuple[object, tuple[Knob, ...]]:
         """The value an expression takes in the default configuration, computed from the

@@ -504,3 +504,40 @@ def test_k_reassigned_in_the_loop_is_not_judged_by_a_default(at):
     (found,) = lint(source, "ACL301")
     assert (found.start.line, found.start.column) == at(source, "loss.backward()")
     assert (found.severity, found.configuration) == (None, None)
+
+
+PARAMETER_K = """
+import torch
+
+
+def train_epoch(model, loader, optimizer, accum_grad_iters=DEFAULT):
+    for i, (x, y) in enumerate(loader):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        if (i + 1) % accum_grad_iters == 0 or i + 1 == len(loader):
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+
+@pytest.mark.parametrize(
+    ("default", "severity", "affects"), [(1, "warning", False), (4, None, True)]
+)
+def test_k_from_a_parameter_default_nobody_in_the_module_passes(default, severity, affects, at):
+    """MiniGPT-4's `train_epoch(..., accum_grad_iters=1)`, called by a runner elsewhere: the
+    default run sees the parameter's default."""
+    source = PARAMETER_K.replace("DEFAULT", str(default))
+    (found,) = lint(source, "ACL301")
+    assert (found.start.line, found.start.column) == at(source, "loss.backward()")
+    condition = f"with train_epoch(accum_grad_iters=...) > 1 (default {default})"
+    assert found.configuration == Configuration(affects, condition, ("accum_grad_iters",))
+    assert found.severity == severity  # None: the rule's own level
+
+
+def test_k_parameter_passed_by_a_caller_is_not_its_default():
+    """A call of the module that passes the parameter decides: a literal 4 is no knob."""
+    source = PARAMETER_K.replace("DEFAULT", "1") + (
+        "\n\ntrain_epoch(model, loader, optimizer, accum_grad_iters=4)\n"
+    )
+    (found,) = lint(source, "ACL301")
+    assert found.configuration is None
