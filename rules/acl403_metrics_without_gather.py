@@ -24,7 +24,7 @@ gathers nothing (torchmetrics objects synchronise themselves and are not flagged
 of correct predictions (`correct += (preds == labels).sum().item()`) over a loader seen coming
 from `prepare` that no `reduce`, `gather` or `all_reduce` combines afterwards, in the function
 or in the caller it is returned to. The count is wrong only under a multi-process launch, so
-that finding is a latent warning.
+both un-gathered findings are latent warnings.
 
 ## Why is this bad?
 A prepared evaluation loader pads its last batch with repeated samples so that every process runs

@@ -26,6 +26,7 @@ def check(ctx: RuleContext) -> None:
                 f"`{found.metric}` is updated from this process's predictions only: over a "
                 "prepared loader each process sees 1/W of the data (gather them first with "
                 "`accelerator.gather_for_metrics`)",
+                configuration=_MULTI_PROCESS,
             )
             continue
         ctx.report(
@@ -38,7 +39,7 @@ def check(ctx: RuleContext) -> None:
         )
 
 
-# One process evaluates the whole loader: the count is then the dataset's.
+# One process evaluates the whole loader: the metric is then the dataset's.
 _MULTI_PROCESS = Configuration(
     affects_default=False,
     condition="under a multi-process launch (`accelerate launch`, `torchrun`), where each "

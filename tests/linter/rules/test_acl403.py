@@ -90,6 +90,8 @@ def test_metric_updated_from_one_process_is_reported_without_a_fix(acl403, at):
     """)
     assert acl403.findings(source) == [("ACL403", *at(source, "metric.add_batch"))]
     assert acl403.fixed(source) == textwrap.dedent(source)
+    (found,) = acl403.diagnostics(source)  # one process sees the whole loader: latent
+    assert found.configuration.latent and found.severity == "warning"
 
 
 @pytest.mark.parametrize(
