@@ -23,8 +23,8 @@ hand (`preds = preds[: len(dl.dataset) - seen]`) are left alone. Without a fix, 
 gathers nothing (torchmetrics objects synchronise themselves and are not flagged), and a count
 of correct predictions (`correct += (preds == labels).sum().item()`) over a loader seen coming
 from `prepare` that no `reduce`, `gather` or `all_reduce` combines afterwards, in the function
-or in the caller it is returned to. The count is wrong only under a multi-process launch, so
-both un-gathered findings are latent warnings.
+or in the caller it is returned to. Both un-gathered findings are wrong only under a
+multi-process launch, so they are latent warnings.
 
 ## Why is this bad?
 A prepared evaluation loader pads its last batch with repeated samples so that every process runs
