@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import libcst as cst
 
 from linter.model.cst_util import dotted, last_part, method_call, walk
-from linter.model.depths import FOLLOW_DEPTH
 from linter.model.evaluation import EvalContext, encloses, is_eval_function, is_eval_iterable
 from linter.model.functions import CallSite, Stmt
 from linter.model.kinds import EngineKind
@@ -275,12 +274,14 @@ def _correct_count(stmt: Stmt) -> str | None:
     node = stmt.node
     if not isinstance(node, cst.AugAssign) or not isinstance(node.operator, cst.AddAssign):
         return None
-    name = dotted(node.target)
-    if name is None:
+    if not isinstance(node.target, cst.Name):  # `self.correct +=`: its readers are not followed
         return None
+    name = node.target.value
     compares = any(
-        isinstance(sub, cst.Comparison)
-        and any(isinstance(t.operator, cst.Equal) for t in sub.comparisons)
+        (
+            isinstance(sub, cst.Comparison)
+            and any(isinstance(t.operator, cst.Equal) for t in sub.comparisons)
+        )
         or (method_call(sub) or (None, ""))[1] == "eq"
         for sub in walk(node.value)
     )
@@ -288,20 +289,20 @@ def _correct_count(stmt: Stmt) -> str | None:
     return name if compares and summed else None
 
 
-def _combined_later(model, stmt: Stmt, name: str, depth: int = 0) -> bool:
+def _combined_later(model, stmt: Stmt, name: str) -> bool:
     """Whether the count is combined across processes after the loop (`accelerator.reduce`,
     `gather`, `all_reduce` of it or of a value built from it), here or, when the function
     returns it, in a caller. A function nobody in the module calls may be combined by its
     callers elsewhere: then it counts as combined (no finding rests on what is not seen)."""
     rest = [s for s in stmt.scope.stmts if s.order > stmt.order]
-    names = _derived_names(rest, {name.split(".")[0] if "." not in name else name})
+    names = _derived_names(rest, {name})
     if any(_collects(model, s) and _reads_any(s.node, names) for s in rest):
         return True
     returned = [value for value, _ in stmt.scope.returns if _reads_any(value, names)]
     if not returned:
         return False
     callers = model.graph.callers(stmt.scope)
-    if not callers or depth >= FOLLOW_DEPTH:
+    if not callers:
         return True
     for caller in callers:
         bound = _assigned_names(caller.stmt.node)
